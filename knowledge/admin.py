@@ -1,0 +1,117 @@
+"""知识库与清理任务的管理后台。删除与重试都经过服务层，与 API 行为一致。"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from knowledge import services
+from knowledge.models import CleanupTask, KnowledgeBase
+from ops.auth import SYSTEM_PRINCIPAL
+from ragservice.errors import ApplicationError
+
+
+@admin.register(KnowledgeBase)
+class KnowledgeBaseAdmin(admin.ModelAdmin):
+    list_display = ["name", "status", "created_at", "updated_at", "deleted_at"]
+    list_filter = ["status"]
+    search_fields = ["name", "description"]
+    readonly_fields = ["id", "created_at", "updated_at", "deleted_at"]
+    actions = ["enable", "disable", "soft_delete"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: KnowledgeBase | None = None) -> Any:
+        # 已删除的知识库不可恢复或修改
+        if obj is not None and obj.is_deleted:
+            return [f.name for f in KnowledgeBase._meta.fields]
+        return self.readonly_fields
+
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # 表单里只能在 enabled/disabled 之间切换；删除走“删除并清理”动作
+        if db_field.name == "status":
+            kwargs["choices"] = [c for c in KnowledgeBase.Status.choices if c[0] != KnowledgeBase.Status.DELETED]
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
+
+    def has_delete_permission(self, request: HttpRequest, obj: KnowledgeBase | None = None) -> bool:
+        # 禁止硬删除：必须软删除并由清理任务级联删除分块与向量
+        return False
+
+    def save_model(self, request: HttpRequest, obj: KnowledgeBase, form: Any, change: bool) -> None:
+        try:
+            if change:
+                services.knowledge_base_update(
+                    principal=SYSTEM_PRINCIPAL,
+                    kb_id=obj.id,
+                    changes={name: getattr(obj, name) for name in form.changed_data},
+                )
+            else:
+                created = services.knowledge_base_create(
+                    principal=SYSTEM_PRINCIPAL, name=obj.name, description=obj.description
+                )
+                obj.pk = created.pk
+                obj._state.adding = False
+        except ApplicationError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+
+    def _set_status(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase], status: str) -> None:
+        done = 0
+        for kb in queryset:
+            try:
+                services.knowledge_base_update(principal=SYSTEM_PRINCIPAL, kb_id=kb.id, changes={"status": status})
+                done += 1
+            except ApplicationError as exc:
+                self.message_user(request, f"{kb.name}: {exc.message}", messages.WARNING)
+        self.message_user(request, f"{done} 个知识库已设为 {status}")
+
+    @admin.action(description="启用所选知识库")
+    def enable(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase]) -> None:
+        self._set_status(request, queryset, KnowledgeBase.Status.ENABLED)
+
+    @admin.action(description="禁用所选知识库（不可检索）")
+    def disable(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase]) -> None:
+        self._set_status(request, queryset, KnowledgeBase.Status.DISABLED)
+
+    @admin.action(description="删除所选知识库并异步清理")
+    def soft_delete(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase]) -> None:
+        for kb in queryset:
+            try:
+                task = services.knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)
+                self.message_user(request, f"{kb.name}: 已删除，清理任务 {task.id}")
+            except ApplicationError as exc:
+                self.message_user(request, f"{kb.name}: {exc.message}", messages.WARNING)
+
+
+@admin.register(CleanupTask)
+class CleanupTaskAdmin(admin.ModelAdmin):
+    list_display = ["id", "knowledge_base", "status", "progress_display", "attempts", "next_retry_at", "updated_at"]
+    list_filter = ["status"]
+    search_fields = ["id", "knowledge_base__name", "error_message"]
+    list_select_related = ["knowledge_base"]
+    actions = ["retry"]
+    fields = ["id", "knowledge_base", "status", "processed", "total", "attempts", "error_message",
+              "next_retry_at", "request_id", "created_at", "updated_at", "started_at", "finished_at"]
+    readonly_fields = fields
+
+    @admin.display(description="进度")
+    def progress_display(self, obj: CleanupTask) -> str:
+        progress = obj.progress
+        if progress["percentage"] is None:
+            return f"{obj.processed} / ?"
+        return f"{obj.processed} / {obj.total}（{progress['percentage']:.0%}）"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: CleanupTask | None = None) -> bool:
+        return False
+
+    @admin.action(description="重试所选失败任务")
+    def retry(self, request: HttpRequest, queryset: QuerySet[CleanupTask]) -> None:
+        for task in queryset:
+            try:
+                services.cleanup_task_retry(principal=SYSTEM_PRINCIPAL, task_id=task.id)
+                self.message_user(request, f"任务 {task.id} 已重新排队")
+            except ApplicationError as exc:
+                self.message_user(request, f"任务 {task.id}: {exc.message}", messages.WARNING)

@@ -1,0 +1,92 @@
+"""知识库 API 的输入输出序列化器（只做格式校验，业务规则在 services）。"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from knowledge.models import CleanupTask, KnowledgeBase
+from ragservice.api import PageQuerySerializer, StrictSerializer
+
+
+def _name_field(required: bool) -> serializers.CharField:
+    return serializers.CharField(max_length=255, trim_whitespace=True, required=required, allow_blank=False)
+
+
+class KnowledgeBaseCreateSerializer(StrictSerializer):
+    name = _name_field(required=True)
+    description = serializers.CharField(max_length=10000, required=False, allow_blank=True, default="")
+
+
+class KnowledgeBaseUpdateSerializer(StrictSerializer):
+    """PATCH 只允许改为 enabled/disabled；删除必须走 DELETE（它会创建清理任务）。"""
+
+    name = _name_field(required=False)
+    description = serializers.CharField(max_length=10000, required=False, allow_blank=True)
+    status = serializers.CharField(required=False)
+
+    def validate_status(self, value: str) -> str:
+        if value == KnowledgeBase.Status.DELETED:
+            raise serializers.ValidationError("Use DELETE /knowledge_bases/{id} to delete a knowledge base.")
+        if value not in (KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED):
+            raise serializers.ValidationError("Must be one of: enabled, disabled.")
+        return value
+
+
+class KnowledgeBaseListQuerySerializer(PageQuerySerializer):
+    """status 可为单个状态或逗号分隔的多个；不传时列出 enabled 与 disabled。"""
+
+    name_contains = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    status = serializers.CharField(required=False)
+
+    def validate_status(self, value: str) -> list[str]:
+        statuses = [s.strip() for s in value.split(",") if s.strip()]
+        invalid = [s for s in statuses if s not in KnowledgeBase.Status.values]
+        if invalid or not statuses:
+            raise serializers.ValidationError(
+                f"Unknown status {', '.join(invalid) or value!r}; expected enabled, disabled or deleted."
+            )
+        return statuses
+
+
+class KnowledgeBaseSerializer(serializers.ModelSerializer):
+    cleanup_task_id = serializers.SerializerMethodField()
+
+    class Meta:
+        model = KnowledgeBase
+        fields = ["id", "name", "description", "status", "created_at", "updated_at", "deleted_at",
+                  "cleanup_task_id"]
+
+    def get_cleanup_task_id(self, obj: KnowledgeBase) -> str | None:
+        """最近一次清理任务的 id（仅已删除的知识库有）。"""
+        value = getattr(obj, "latest_cleanup_task_id", None)
+        return str(value) if value else None
+
+
+class KnowledgeBaseDeletedSerializer(serializers.Serializer):
+    knowledge_base_id = serializers.UUIDField()
+    status = serializers.CharField()
+    cleanup_task_id = serializers.UUIDField()
+
+
+class ProgressSerializer(serializers.Serializer):
+    processed = serializers.IntegerField()
+    total = serializers.IntegerField(allow_null=True)
+    percentage = serializers.FloatField(allow_null=True)
+
+
+class CleanupTaskSerializer(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(source="id")
+    knowledge_base_id = serializers.UUIDField()
+    progress = ProgressSerializer()
+
+    class Meta:
+        model = CleanupTask
+        fields = ["task_id", "knowledge_base_id", "status", "progress", "error_message", "attempts",
+                  "next_retry_at", "created_at", "updated_at"]
+
+    def to_representation(self, instance: CleanupTask) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["error_message"] = data["error_message"] or None
+        return data

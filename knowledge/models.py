@@ -1,0 +1,117 @@
+"""知识库与清理任务的数据模型。"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+
+
+class KnowledgeBase(models.Model):
+    """知识库：数据隔离的单位。
+
+    删除是软删除：状态置为 ``deleted`` 后由清理任务异步删掉其文档与分块，知识库行本身保留，
+    供列表/详情审计。名称只在未删除的知识库之间唯一（部分唯一索引），删除后名称可被复用。
+    """
+
+    class Status(models.TextChoices):
+        ENABLED = "enabled", "启用"
+        DISABLED = "disabled", "禁用"
+        DELETED = "deleted", "已删除"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField("名称", max_length=255)
+    description = models.TextField("描述", blank=True, default="")
+    status = models.CharField("状态", max_length=16, choices=Status.choices, default=Status.ENABLED)
+    created_at = models.DateTimeField("创建时间", auto_now_add=True)
+    updated_at = models.DateTimeField("更新时间", auto_now=True)
+    deleted_at = models.DateTimeField("删除时间", null=True, blank=True)
+
+    class Meta:
+        db_table = "knowledge_bases"
+        verbose_name = "知识库"
+        verbose_name_plural = "知识库"
+        ordering = ["-created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"], condition=~Q(status="deleted"), name="knowledge_bases_name_uniq_active"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["enabled", "disabled", "deleted"]), name="knowledge_bases_status_valid"
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "-created_at"], name="knowledge_bases_status_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_deleted(self) -> bool:
+        return self.status == self.Status.DELETED
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.status == self.Status.ENABLED
+
+
+class CleanupTask(models.Model):
+    """删除知识库后的异步级联清理；这一行是任务的事实记录。
+
+    不变式：``pending`` 时 processed == 0；``completed`` 时 total 非空且 processed == total。
+    processed 与被删除的行在同一事务里累加，因此 worker 中途被杀再续跑不会重复计数。
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "排队中"
+        RUNNING = "running", "运行中"
+        COMPLETED = "completed", "已完成"
+        FAILED = "failed", "失败"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    knowledge_base = models.ForeignKey(
+        KnowledgeBase, on_delete=models.CASCADE, related_name="cleanup_tasks", verbose_name="知识库"
+    )
+    status = models.CharField("状态", max_length=16, choices=Status.choices, default=Status.PENDING)
+    processed = models.PositiveBigIntegerField("已清理数", default=0)
+    total = models.PositiveBigIntegerField("总数", null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField("本轮已尝试次数", default=0)
+    error_message = models.TextField("错误信息", blank=True, default="")
+    next_retry_at = models.DateTimeField("下次自动重试", null=True, blank=True)
+    request_id = models.CharField("发起请求 ID", max_length=64, blank=True, default="")
+    created_at = models.DateTimeField("创建时间", auto_now_add=True)
+    updated_at = models.DateTimeField("更新时间", auto_now=True)
+    started_at = models.DateTimeField("开始时间", null=True, blank=True)
+    finished_at = models.DateTimeField("结束时间", null=True, blank=True)
+
+    class Meta:
+        db_table = "cleanup_tasks"
+        verbose_name = "清理任务"
+        verbose_name_plural = "清理任务"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "running", "completed", "failed"]),
+                name="cleanup_tasks_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="pending") | Q(processed=0), name="cleanup_tasks_pending_unprocessed"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="completed") | Q(total__isnull=False, processed=models.F("total")),
+                name="cleanup_tasks_completed_consistent",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "updated_at"], name="cleanup_tasks_status_idx")]
+
+    def __str__(self) -> str:
+        return f"cleanup {self.id} ({self.status})"
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        """需求 1.8 的 progress 结构；total 为 None 时不计算百分比。"""
+        percentage: float | None = None
+        if self.total is not None:
+            percentage = 1.0 if self.total == 0 else round(min(self.processed / self.total, 1.0), 4)
+        return {"processed": self.processed, "total": self.total, "percentage": percentage}

@@ -1,0 +1,97 @@
+"""知识库与清理任务的读取。"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from django.db.models import OuterRef, QuerySet, Subquery
+
+from knowledge.models import CleanupTask, KnowledgeBase
+from ops.auth import Principal, authorize_knowledge_base
+from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+
+# 不指定 status 过滤时列出的状态；已删除的知识库需显式 status=deleted 才列出（审计用）
+DEFAULT_LIST_STATUSES = (KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED)
+
+
+def parse_uuid(value: str | uuid.UUID) -> uuid.UUID | None:
+    """路径里的 id 不是合法 UUID 时视为“不存在”，而不是校验错误。"""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def knowledge_base_not_found(kb_id: object) -> ApplicationError:
+    return ApplicationError(
+        ErrorCode.KNOWLEDGE_BASE_NOT_FOUND,
+        f"Knowledge base with id '{kb_id}' not found",
+        404,
+        [ErrorDetail("knowledge_base_id", "NOT_FOUND", "Resource does not exist")],
+    )
+
+
+def cleanup_task_not_found(task_id: object) -> ApplicationError:
+    return ApplicationError(
+        ErrorCode.CLEANUP_TASK_NOT_FOUND,
+        f"Cleanup task with id '{task_id}' not found",
+        404,
+        [ErrorDetail("task_id", "NOT_FOUND", "Resource does not exist")],
+    )
+
+
+def _with_latest_cleanup(queryset: QuerySet[KnowledgeBase]) -> QuerySet[KnowledgeBase]:
+    latest = CleanupTask.objects.filter(knowledge_base=OuterRef("pk")).order_by("-created_at").values("id")[:1]
+    return queryset.annotate(latest_cleanup_task_id=Subquery(latest))
+
+
+def knowledge_base_fetch(*, kb_id: str | uuid.UUID, for_update: bool = False) -> KnowledgeBase:
+    """按 id 取知识库（存在性校验），不存在抛 404 KNOWLEDGE_BASE_NOT_FOUND。"""
+    parsed = parse_uuid(kb_id)
+    queryset = KnowledgeBase.objects.select_for_update() if for_update else _with_latest_cleanup(
+        KnowledgeBase.objects.all()
+    )
+    kb = queryset.filter(pk=parsed).first() if parsed else None
+    if kb is None:
+        raise knowledge_base_not_found(kb_id)
+    return kb
+
+
+def knowledge_base_get(*, principal: Principal, kb_id: str | uuid.UUID) -> KnowledgeBase:
+    """详情：已删除的知识库仍可查看（审计），只需读权限。"""
+    kb = knowledge_base_fetch(kb_id=kb_id)
+    authorize_knowledge_base(principal, kb.id, write=False)
+    return kb
+
+
+def knowledge_base_list(
+    *,
+    principal: Principal,
+    page: int,
+    page_size: int,
+    name_contains: str | None = None,
+    statuses: Sequence[str] | None = None,
+) -> tuple[list[KnowledgeBase], int]:
+    """分页列出调用方可见的知识库，返回 (本页条目, 总数)。"""
+    queryset = KnowledgeBase.objects.filter(status__in=list(statuses or DEFAULT_LIST_STATUSES))
+    if not principal.all_knowledge_bases:
+        queryset = queryset.filter(pk__in=principal.knowledge_base_ids)
+    if name_contains:
+        queryset = queryset.filter(name__icontains=name_contains)
+    total = queryset.count()
+    offset = (page - 1) * page_size
+    items = list(_with_latest_cleanup(queryset).order_by("-created_at", "id")[offset : offset + page_size])
+    return items, total
+
+
+def cleanup_task_get(*, principal: Principal, task_id: str | uuid.UUID) -> CleanupTask:
+    """清理任务详情；权限按其所属知识库判定。"""
+    parsed = parse_uuid(task_id)
+    task = CleanupTask.objects.filter(pk=parsed).first() if parsed else None
+    if task is None:
+        raise cleanup_task_not_found(task_id)
+    authorize_knowledge_base(principal, task.knowledge_base_id, write=False)
+    return task

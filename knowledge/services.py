@@ -1,0 +1,128 @@
+"""知识库的写操作。每个函数一个事务，校验顺序：存在性 → 可用性 → 权限。"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import structlog
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from knowledge.models import CleanupTask, KnowledgeBase
+from knowledge.selectors import cleanup_task_not_found, knowledge_base_fetch, parse_uuid
+from ops.auth import Principal, authorize_global_write, authorize_knowledge_base
+from ops.context import current_request_id, enqueue
+from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+
+logger = structlog.get_logger(__name__)
+
+CLEANUP_TASK_FUNC = "knowledge.tasks.run_cleanup"
+_NAME_CONSTRAINT = "knowledge_bases_name_uniq_active"
+
+
+def _name_conflict(name: str) -> ApplicationError:
+    return ApplicationError(
+        ErrorCode.KNOWLEDGE_BASE_NAME_CONFLICT,
+        f"Knowledge base name '{name}' is already in use",
+        409,
+        [ErrorDetail("name", "CONFLICT", "Name must be unique among knowledge bases that are not deleted")],
+    )
+
+
+def _knowledge_base_deleted(kb: KnowledgeBase) -> ApplicationError:
+    task = kb.cleanup_tasks.order_by("-created_at").first()
+    detail = f"Deleted at {kb.deleted_at.isoformat() if kb.deleted_at else 'unknown time'}"
+    if task is not None:
+        detail += f"; cleanup task {task.id} is {task.status}"
+    return ApplicationError(
+        ErrorCode.KNOWLEDGE_BASE_DELETED,
+        f"Knowledge base '{kb.id}' has been deleted and can no longer be modified",
+        409,
+        [ErrorDetail("knowledge_base_id", "DELETED", detail)],
+    )
+
+
+def _save_unique_name(kb: KnowledgeBase, **save_kwargs: Any) -> None:
+    """保存并把部分唯一索引冲突翻译成 409；并发创建同名时也由数据库兜底。"""
+    try:
+        with transaction.atomic():
+            kb.save(**save_kwargs)
+    except IntegrityError as exc:
+        if _NAME_CONSTRAINT in str(exc):
+            raise _name_conflict(kb.name) from exc
+        raise
+
+
+@transaction.atomic
+def knowledge_base_create(*, principal: Principal, name: str, description: str = "") -> KnowledgeBase:
+    """创建知识库，默认 enabled。"""
+    authorize_global_write(principal)
+    kb = KnowledgeBase(name=name, description=description)
+    _save_unique_name(kb, force_insert=True)
+    logger.info("knowledge_base_created", knowledge_base_id=str(kb.id), name=name)
+    return kb
+
+
+@transaction.atomic
+def knowledge_base_update(
+    *, principal: Principal, kb_id: str | uuid.UUID, changes: dict[str, Any]
+) -> KnowledgeBase:
+    """修改 name / description / status（enabled|disabled）。已删除的知识库一律 409。"""
+    kb = knowledge_base_fetch(kb_id=kb_id, for_update=True)
+    if kb.is_deleted:
+        raise _knowledge_base_deleted(kb)
+    authorize_knowledge_base(principal, kb.id, write=True)
+    fields = [name for name in ("name", "description", "status") if name in changes]
+    for name in fields:
+        setattr(kb, name, changes[name])
+    if fields:
+        _save_unique_name(kb, update_fields=[*fields, "updated_at"])
+        logger.info("knowledge_base_updated", knowledge_base_id=str(kb.id), fields=fields)
+    return knowledge_base_fetch(kb_id=kb.id)
+
+
+@transaction.atomic
+def knowledge_base_delete(*, principal: Principal, kb_id: str | uuid.UUID) -> CleanupTask:
+    """软删除：立即置为 deleted（此后不可检索、不可写），并创建异步清理任务。"""
+    kb = knowledge_base_fetch(kb_id=kb_id, for_update=True)
+    if kb.is_deleted:
+        raise _knowledge_base_deleted(kb)
+    authorize_knowledge_base(principal, kb.id, write=True)
+    kb.status = KnowledgeBase.Status.DELETED
+    kb.deleted_at = timezone.now()
+    kb.save(update_fields=["status", "deleted_at", "updated_at"])
+    task = CleanupTask.objects.create(knowledge_base=kb, request_id=current_request_id() or "")
+    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1)
+    logger.info("knowledge_base_deleted", knowledge_base_id=str(kb.id), cleanup_task_id=str(task.id))
+    return task
+
+
+@transaction.atomic
+def cleanup_task_retry(*, principal: Principal, task_id: str | uuid.UUID) -> CleanupTask:
+    """人工重试：只允许 failed；重置为 pending（processed 归零、total 重新统计）后重新入队。"""
+    parsed = parse_uuid(task_id)
+    task = CleanupTask.objects.select_for_update().filter(pk=parsed).first() if parsed else None
+    if task is None:
+        raise cleanup_task_not_found(task_id)
+    if task.status != CleanupTask.Status.FAILED:
+        raise ApplicationError(
+            ErrorCode.CLEANUP_TASK_NOT_RETRYABLE,
+            f"Cleanup task '{task.id}' is {task.status}; only failed tasks can be retried",
+            409,
+            [ErrorDetail("status", "NOT_RETRYABLE", f"Current status is {task.status}")],
+        )
+    authorize_knowledge_base(principal, task.knowledge_base_id, write=True)
+    task.status = CleanupTask.Status.PENDING
+    task.processed = 0
+    task.total = None
+    task.attempts = 0
+    task.error_message = ""
+    task.next_retry_at = None
+    task.started_at = None
+    task.finished_at = None
+    task.request_id = current_request_id() or task.request_id
+    task.save()
+    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1)
+    logger.info("cleanup_task_retried", cleanup_task_id=str(task.id))
+    return task

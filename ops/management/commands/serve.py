@@ -1,0 +1,126 @@
+"""manage.py serve：一条命令跑起整个服务（gunicorn web + django-q2 worker）。
+
+启动前完成迁移、缓存表与静态文件；两个子进程共享一个 Prometheus 多进程目录，
+任一子进程意外退出则整体退出（交给外层的进程管理器重启），SIGINT/SIGTERM 时优雅停止。
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from ops.models import ApiKey
+
+BASE_DIR = Path(settings.BASE_DIR)
+
+
+class Command(BaseCommand):
+    help = "迁移数据库后启动 web 服务（gunicorn）与后台 worker（django-q2），直到收到停止信号。"
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=settings.SERVE_HOST, help="监听地址（默认 RAG_HOST）")
+        parser.add_argument("--port", type=int, default=settings.SERVE_PORT, help="监听端口（默认 RAG_PORT）")
+        parser.add_argument("--no-worker", action="store_true", help="只启动 web，不启动 django-q2 worker")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.stdout.write("准备数据库（迁移、缓存表）与静态文件……")
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("createcachetable", verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+
+        env = self._child_env()
+        children = {"web": self._start_web(env, options["host"], options["port"])}
+        if not options["no_worker"]:
+            children["worker"] = subprocess.Popen(
+                [sys.executable, str(BASE_DIR / "manage.py"), "qcluster"], env=env, cwd=BASE_DIR
+            )
+        self._banner(options["host"], options["port"])
+        self._supervise(children)
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # 子进程直接连已解析出的数据库地址，不必各自再检查内嵌服务器
+        if not env.get("RAG_DATABASE_URL"):
+            from ragservice.embedded_db import ensure_embedded_database
+
+            env["RAG_DATABASE_URL"] = ensure_embedded_database(Path(settings.DATA_DIR))
+        metrics_dir = Path(settings.DATA_DIR) / "metrics"
+        # 多进程指标目录必须在每次启动时清空，否则会把上次运行的计数累加进来
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        env.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
+        return env
+
+    def _start_web(self, env: dict[str, str], host: str, port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
+                "--config", str(BASE_DIR / "ragservice" / "gunicorn_conf.py"),
+                "--bind", f"{host}:{port}",
+                "--workers", str(settings.WEB_WORKERS),
+                "--threads", str(settings.WEB_THREADS),
+                "--worker-class", "gthread",
+                "--timeout", "120",
+                "--graceful-timeout", "20",
+            ],
+            env=env,
+            cwd=BASE_DIR,
+        )
+
+    def _banner(self, host: str, port: int) -> None:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - 仅用于展示
+        base = f"http://{shown}:{port}"
+        lines = [
+            "",
+            f"ragservice 已启动：{base}",
+            f"  API 文档（Swagger UI）：{base}/api/docs/",
+            f"  就绪检查：{base}/ready    指标：{base}/metrics    管理后台：{base}/admin/",
+        ]
+        if settings.AUTH_ENABLED:
+            lines.append(f"  API key：python manage.py createapikey 我的应用   （已有 {ApiKey.objects.count()} 把）")
+            lines.append("  管理员账号：python manage.py createsuperuser")
+        else:
+            lines.append("  注意：RAG_AUTH_ENABLED=false，API 不校验 key（仅限本地开发）")
+        lines.append("按 Ctrl+C 停止。")
+        self.stdout.write("\n".join(lines))
+        self.stdout.flush()
+
+    def _supervise(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
+        stopping = False
+
+        def request_stop(signum: int, frame: Any) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+        exit_code = 0
+        while not stopping:
+            dead = {name: p.returncode for name, p in children.items() if p.poll() is not None}
+            if dead:
+                self.stderr.write(f"子进程意外退出：{dead}，停止服务")
+                exit_code = 1
+                break
+            time.sleep(0.5)
+        for proc in children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in children.values():
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if exit_code:
+            sys.exit(exit_code)

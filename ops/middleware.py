@@ -1,0 +1,78 @@
+"""最外层中间件：请求 ID、访问日志、HTTP 指标。"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import structlog
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import translation
+
+from ops import metrics
+from ops.context import REQUEST_ID_KEY, new_request_id
+from ragservice.errors import log_internal_error
+
+logger = structlog.get_logger("ragservice.access")
+
+_CONVERTER = re.compile(r"<(?:[^:>]+:)?([^>]+)>")
+UNMATCHED_ENDPOINT = "<unmatched>"
+
+
+def route_template(request: HttpRequest) -> str:
+    """把 Django 路由 ``knowledge_bases/<uuid:kb_id>`` 规范为 ``/knowledge_bases/{kb_id}``。
+
+    指标的 endpoint 标签必须是模板而不是原始路径，否则每个 id 都会生成一条时间序列。
+    """
+    match = getattr(request, "resolver_match", None)
+    if match is None or match.route is None:
+        return UNMATCHED_ENDPOINT
+    route = _CONVERTER.sub(r"{\1}", match.route).lstrip("^").rstrip("$")
+    return "/" + route
+
+
+def _is_api_path(path: str) -> bool:
+    return not path.startswith(("/admin/", "/api/docs/")) and path != "/"
+
+
+class RequestContextMiddleware:
+    """为每个请求生成 UUID v4 请求 ID，绑定到日志上下文，写入响应头，并记录访问日志与指标。
+
+    客户端自带的 X-Request-ID 不会被采用（规范要求由服务端生成），但会作为
+    ``upstream_request_id`` 记入日志，便于跨服务追踪。
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        request_id = new_request_id()
+        started = time.perf_counter()
+        fields = {REQUEST_ID_KEY: request_id}
+        upstream = request.headers.get("X-Request-ID")
+        if upstream:
+            fields["upstream_request_id"] = upstream[:128]
+        # API 面向程序：错误信息固定用英文，便于调用方匹配；admin 与页面面向维护者，用中文
+        language = "en" if _is_api_path(request.path) else settings.LANGUAGE_CODE
+        with structlog.contextvars.bound_contextvars(**fields), translation.override(language):
+            response = self.get_response(request)
+            duration = time.perf_counter() - started
+            endpoint = route_template(request)
+            response["X-Request-ID"] = request_id
+            metrics.observe_http_request(request.method or "", endpoint, response.status_code, duration)
+            logger.info(
+                "http_request",
+                method=request.method,
+                route=endpoint,
+                path=request.path,
+                status=response.status_code,
+                duration_ms=round(duration * 1000, 2),
+                api_key=getattr(getattr(request, "auth", None), "name", None),
+            )
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
+        """非 DRF 视图抛出的异常：记录堆栈后交给 handler500 渲染统一错误体。"""
+        log_internal_error(request, exception)

@@ -1,0 +1,68 @@
+"""探针与指标：不需要 API key（供编排系统与 Prometheus 抓取）。"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ops import metrics
+from ops.selectors import readiness
+from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+
+
+class _PublicView(APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+
+class HealthView(_PublicView):
+    """存活探针：进程能响应即可，不做任何 I/O。"""
+
+    @extend_schema(
+        tags=["ops"],
+        responses=inline_serializer("Health", {"status": serializers.CharField()}),
+    )
+    def get(self, request: Request) -> Response:
+        return Response({"status": "ok"})
+
+
+class ReadyView(_PublicView):
+    """就绪探针：数据库可达、pgvector 已安装、迁移已应用、django-q2 worker 在线。"""
+
+    @extend_schema(
+        tags=["ops"],
+        responses={
+            200: inline_serializer(
+                "Ready",
+                {"status": serializers.CharField(), "checks": serializers.DictField(child=serializers.DictField())},
+            )
+        },
+    )
+    def get(self, request: Request) -> Response:
+        results = readiness()
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise ApplicationError(
+                ErrorCode.SERVICE_UNAVAILABLE,
+                "Service is not ready: " + ", ".join(r.name for r in failed),
+                503,
+                [ErrorDetail(r.name, "CHECK_FAILED", r.detail) for r in failed],
+            )
+        return Response({"status": "ready", "checks": {r.name: {"ok": r.ok, "detail": r.detail} for r in results}})
+
+
+class MetricsView(_PublicView):
+    """Prometheus 文本格式的指标。"""
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request) -> HttpResponse:
+        if not settings.METRICS_ENABLED:
+            raise ApplicationError(ErrorCode.NOT_FOUND, "Metrics are disabled (RAG_METRICS_ENABLED=false)", 404)
+        body, content_type = metrics.render_latest()
+        return HttpResponse(body, content_type=content_type)

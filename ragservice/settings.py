@@ -1,0 +1,221 @@
+"""Django 配置。所有可调项都是 RAG_* 环境变量，经 ragservice.config 统一解析。"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ragservice.config import (
+    database_from_url,
+    ensure_dir,
+    env_bool,
+    env_int,
+    env_secret,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------- 运行模式
+RAG_ENV = env_str("RAG_ENV", "development", "运行模式；production 下缺少密钥、关闭鉴权会拒绝启动",
+                  choices=("development", "production"))
+PRODUCTION = RAG_ENV == "production"
+DEBUG = env_bool("RAG_DEBUG", False, "Django DEBUG（仅本地排错用，生产务必关闭）")
+# 相对路径相对于项目根目录解析，与从哪个目录启动无关
+DATA_DIR = ensure_dir(BASE_DIR / env_str("RAG_DATA_DIR", "./var",
+                                         "数据目录：内嵌 PostgreSQL、原始文件、指标文件都放在这里"))
+
+
+def _secret_key() -> str:
+    """开发模式下把随机密钥持久化到数据目录，重启后 admin 会话不失效。"""
+    configured = env_secret("RAG_SECRET_KEY", "Django SECRET_KEY；生产模式必填", production=PRODUCTION)
+    if configured:
+        return configured
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = [h.strip() for h in env_str(
+    "RAG_ALLOWED_HOSTS", "*", "允许的 Host 头，逗号分隔").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str(
+    "RAG_CSRF_TRUSTED_ORIGINS", "", "admin 经反向代理访问时的可信来源，逗号分隔").split(",") if o.strip()]
+
+AUTH_ENABLED = env_bool("RAG_AUTH_ENABLED", True, "API 是否要求 Bearer API key；false 仅限本地开发")
+if PRODUCTION and not AUTH_ENABLED:
+    raise ImproperlyConfigured("RAG_AUTH_ENABLED=false is only allowed when RAG_ENV=development")
+
+# ---------------------------------------------------------------- 应用
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_q",
+    "django_prometheus",
+    "ops",
+    "knowledge",
+    "documents",
+    "search",
+]
+
+MIDDLEWARE = [
+    # 请求 ID、访问日志与 HTTP 指标放在最外层：其余中间件抛出的异常也能带上请求 ID
+    "ops.middleware.RequestContextMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ragservice.urls"
+WSGI_APPLICATION = "ragservice.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# ---------------------------------------------------------------- 数据库
+HNSW_EF_SEARCH = env_int("RAG_HNSW_EF_SEARCH", 40, "查询时 hnsw.ef_search", minimum=1, maximum=1000)
+
+
+def _database() -> dict[str, object]:
+    url = env_str("RAG_DATABASE_URL", "", "PostgreSQL(>=15, pgvector>=0.7) 连接 URL；不设置则在 "
+                  "RAG_DATA_DIR 下自动启动内嵌 PostgreSQL")
+    if not url:
+        from ragservice.embedded_db import ensure_embedded_database
+
+        url = ensure_embedded_database(DATA_DIR)
+    db = database_from_url(url)
+    options = db["OPTIONS"]
+    assert isinstance(options, dict)
+    # 每个连接都带上 ef_search；vector 扩展加载前该 GUC 只是占位变量，PostgreSQL 允许先设置
+    options["options"] = f"{options.get('options', '')} -c hnsw.ef_search={HNSW_EF_SEARCH}".strip()
+    db["CONN_MAX_AGE"] = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
+    db["CONN_HEALTH_CHECKS"] = True
+    db["TEST"] = {"NAME": f"test_{db['NAME']}"}
+    return db
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # django-q2 把集群心跳写进缓存；用数据库缓存让 web 进程的 /ready 能看到 worker 进程的心跳
+    "cluster": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "ragservice_cache"},
+}
+
+# ---------------------------------------------------------------- 国际化与静态文件
+LANGUAGE_CODE = "zh-hans"
+TIME_ZONE = env_str("RAG_TIME_ZONE", "Asia/Shanghai", "admin 显示用时区（API 一律输出带时区的 ISO 8601）")
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# ---------------------------------------------------------------- DRF 与 OpenAPI
+MAX_PAGE_SIZE = env_int("RAG_MAX_PAGE_SIZE", 100, "列表接口 page_size 上限", minimum=1)
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["ops.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["ops.auth.HasApiKey"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "ragservice.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ragservice API",
+    "DESCRIPTION": "中文优先的 RAG 检索服务：知识库管理、文档摄取、混合检索。错误响应统一为 "
+                   "`{\"error\": {code, message, request_id, details}}`。",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "KnowledgeBaseStatusEnum": "knowledge.models.KnowledgeBase.Status",
+        "CleanupTaskStatusEnum": "knowledge.models.CleanupTask.Status",
+    },
+}
+
+# ---------------------------------------------------------------- 后台任务（django-q2）
+TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)
+Q_CLUSTER = {
+    "name": "ragservice",
+    "orm": "default",
+    "workers": env_int("RAG_QUEUE_WORKERS", 2, "django-q2 worker 进程数", minimum=1),
+    "timeout": TASK_TIMEOUT,
+    # 代理重投递必须晚于超时，否则同一任务会并行跑两份
+    "retry": TASK_TIMEOUT + 60,
+    "max_attempts": 3,
+    "ack_failures": True,
+    "poll": 0.5,
+    "cache": "cluster",
+    "catch_up": False,
+    "save_limit": 1000,
+    "sync": env_bool("RAG_QUEUE_SYNC", False, "在当前进程内同步执行后台任务（测试/调试用）"),
+}
+
+CLEANUP_BATCH_SIZE = env_int("RAG_CLEANUP_BATCH_SIZE", 1000, "知识库清理每批删除的行数", minimum=1)
+CLEANUP_BATCH_PAUSE_MS = env_int("RAG_CLEANUP_BATCH_PAUSE_MS", 0, "清理批次之间的停顿毫秒数（限流）", minimum=0)
+CLEANUP_MAX_RETRIES = env_int("RAG_CLEANUP_MAX_RETRIES", 3, "清理失败后的自动重试次数", minimum=0)
+CLEANUP_RETRY_BASE_SECONDS = env_int(
+    "RAG_CLEANUP_RETRY_BASE_SECONDS", 60, "自动重试退避基数（第 n 次重试等待 base*2^(n-1) 秒）", minimum=1)
+STALE_TASK_SECONDS = env_int(
+    "RAG_STALE_TASK_SECONDS", 300, "运行中任务多久无进展且无 worker 持有即视为孤儿并重新入队", minimum=5)
+
+# ---------------------------------------------------------------- 可观测性
+METRICS_ENABLED = env_bool("RAG_METRICS_ENABLED", True, "是否暴露 GET /metrics")
+LOG_LEVEL = env_str("RAG_LOG_LEVEL", "info", "日志级别", choices=("debug", "info", "warning", "error")).upper()
+LOG_FORMAT = env_str("RAG_LOG_FORMAT", "json", "日志格式：json（每行一个 JSON）或 console（开发时易读）",
+                     choices=("json", "console"))
+LOGGING_CONFIG = None  # 由 ops.logging.configure_logging 在 AppConfig.ready 之前完成配置
+
+from ops.logging import configure_logging  # noqa: E402  (需在上面的取值确定后执行)
+
+configure_logging(level=LOG_LEVEL, fmt=LOG_FORMAT)
+
+# ---------------------------------------------------------------- 服务进程（manage.py serve）
+SERVE_HOST = env_str("RAG_HOST", "127.0.0.1", "web 服务监听地址")
+SERVE_PORT = env_int("RAG_PORT", 8000, "web 服务监听端口", minimum=1, maximum=65535)
+WEB_WORKERS = env_int("RAG_WEB_WORKERS", 2, "gunicorn worker 进程数", minimum=1)
+WEB_THREADS = env_int("RAG_WEB_THREADS", 4, "每个 gunicorn worker 的线程数", minimum=1)
+
+# admin 的 cookie 在生产模式下默认只走 HTTPS
+SESSION_COOKIE_SECURE = env_bool("RAG_SECURE_COOKIES", PRODUCTION, "admin 会话 cookie 仅经 HTTPS 发送（生产模式默认开）")
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

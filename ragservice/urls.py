@@ -1,0 +1,24 @@
+"""根路由：业务 API 不带前缀（路径与规范一致），运维端点、admin、OpenAPI 文档。"""
+
+from django.contrib import admin
+from django.urls import include, path
+from django.views.generic import TemplateView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from ops.views import HealthView, MetricsView, ReadyView
+
+urlpatterns = [
+    path("", TemplateView.as_view(template_name="index.html"), name="index"),
+    path("health", HealthView.as_view(), name="health"),
+    path("ready", ReadyView.as_view(), name="ready"),
+    path("metrics", MetricsView.as_view(), name="metrics"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("admin/", admin.site.urls),
+    path("", include("knowledge.api.urls")),
+]
+
+handler400 = "ragservice.errors.handler400"
+handler403 = "ragservice.errors.handler403"
+handler404 = "ragservice.errors.handler404"
+handler500 = "ragservice.errors.handler500"
