@@ -1,0 +1,90 @@
+"""公共测试夹具：真实 PostgreSQL（内嵌或 RAG_DATABASE_URL），API 客户端与 API key 工厂。"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django_q.conf import Conf
+from rest_framework.test import APIClient
+
+from knowledge.models import KnowledgeBase
+from ops.models import ApiKey
+
+
+@pytest.fixture(autouse=True)
+def _sync_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """后台任务在测试进程内同步执行；需要真实 worker 的测试自己启动 qcluster 子进程。"""
+    monkeypatch.setattr(Conf, "SYNC", True)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_data_dir(settings: Any, tmp_path: Any) -> None:
+    settings.DATA_DIR = tmp_path / "data"
+
+
+KeyFactory = Callable[..., APIClient]
+
+
+@pytest.fixture
+def make_client(db: None) -> KeyFactory:
+    """``make_client(access="read", kbs=[kb])`` 返回带对应 API key 的客户端。"""
+    counter = iter(range(1_000_000))
+
+    def factory(*, access: str = ApiKey.Access.READ_WRITE, kbs: list[KnowledgeBase] | None = None,
+                active: bool = True) -> APIClient:
+        key = ApiKey(name=f"key-{next(counter)}", access=access, all_knowledge_bases=kbs is None,
+                     is_active=active)
+        raw = key.set_new_key()
+        key.save()
+        if kbs:
+            key.knowledge_bases.set(kbs)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+        client.raw_key = raw  # type: ignore[attr-defined]
+        return client
+
+    return factory
+
+
+@pytest.fixture
+def client_rw(make_client: KeyFactory) -> APIClient:
+    """全部知识库、读写权限。"""
+    return make_client()
+
+
+@pytest.fixture
+def kb_factory(db: None) -> Callable[..., KnowledgeBase]:
+    counter = iter(range(1_000_000))
+
+    def factory(**fields: Any) -> KnowledgeBase:
+        fields.setdefault("name", f"kb-{next(counter)}")
+        return KnowledgeBase.objects.create(**fields)
+
+    return factory
+
+
+@pytest.fixture
+def run_on_commit(django_capture_on_commit_callbacks: Any) -> Iterator[Callable[..., Any]]:
+    """在测试事务内执行 on_commit 回调（任务入队发生在提交之后）。"""
+
+    def runner(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with django_capture_on_commit_callbacks(execute=True):
+            return func(*args, **kwargs)
+
+    yield runner
+
+
+def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
+    """断言统一错误格式，返回 error 对象。"""
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"code", "message", "request_id", "details"}
+    assert error["code"] == code
+    assert error["request_id"] == response["X-Request-ID"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["details"], list)
+    return error

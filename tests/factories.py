@@ -1,0 +1,27 @@
+"""测试数据：直接写入文档与带向量的分块（摄取流程由后续 issue 实现）。"""
+
+from __future__ import annotations
+
+import random
+
+from documents.models import Document, DocumentChunk
+from knowledge.models import KnowledgeBase
+
+
+def add_documents(kb: KnowledgeBase, *, documents: int, chunks_per_document: int, dim: int = 384) -> int:
+    """为知识库写入 documents × chunks_per_document 个分块，返回写入的总行数（文档 + 分块）。"""
+    rng = random.Random(42)
+    docs = Document.objects.bulk_create(
+        Document(knowledge_base=kb, filename=f"doc-{i}.txt", status=Document.Status.COMPLETED,
+                 chunk_count=chunks_per_document)
+        for i in range(documents)
+    )
+    DocumentChunk.objects.bulk_create(
+        DocumentChunk(
+            knowledge_base=kb, document=doc, chunk_index=j, chunk_text=f"第 {j} 段", embedding_dim=dim,
+            embedding=[rng.uniform(-1, 1) for _ in range(dim)],
+        )
+        for doc in docs
+        for j in range(chunks_per_document)
+    )
+    return documents + documents * chunks_per_document

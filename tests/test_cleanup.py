@@ -1,0 +1,181 @@
+"""需求 1.6–1.10：异步级联清理的进度、幂等续跑、自动重试与人工重试。"""
+
+from __future__ import annotations
+
+import ast
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.models import Schedule
+
+from documents.models import Document, DocumentChunk
+from knowledge import cleanup
+from knowledge.models import CleanupTask, KnowledgeBase
+from knowledge.tasks import run_cleanup
+from tests.factories import add_documents
+
+pytestmark = pytest.mark.django_db
+REAL_DELETE_BATCH = cleanup.delete_batch
+
+
+def _delete(client, kb, run_on_commit) -> CleanupTask:
+    response = run_on_commit(client.delete, f"/knowledge_bases/{kb.id}")
+    assert response.status_code == 202
+    return CleanupTask.objects.get(pk=response.json()["cleanup_task_id"])
+
+
+def test_cleanup_deletes_everything_and_reports_progress(client_rw, kb_factory, run_on_commit, settings):
+    settings.CLEANUP_BATCH_SIZE = 7
+    kb = kb_factory()
+    other = kb_factory()
+    total = add_documents(kb, documents=3, chunks_per_document=10)
+    add_documents(other, documents=1, chunks_per_document=5)
+    files = cleanup.knowledge_base_files_dir(kb.id)
+    files.mkdir(parents=True)
+    (files / "original.pdf").write_bytes(b"%PDF")
+
+    task = _delete(client_rw, kb, run_on_commit)
+
+    body = client_rw.get(f"/cleanup_tasks/{task.id}").json()
+    assert body["status"] == "completed"
+    assert body["progress"] == {"processed": total, "total": total, "percentage": 1.0}
+    assert body["error_message"] is None
+    assert not Document.objects.filter(knowledge_base=kb).exists()
+    assert not DocumentChunk.objects.filter(knowledge_base=kb).exists()
+    assert not files.exists()
+    # 其他知识库不受影响；被删除的知识库行保留供审计
+    assert DocumentChunk.objects.filter(knowledge_base=other).count() == 5
+    assert KnowledgeBase.objects.get(pk=kb.pk).status == "deleted"
+
+
+def test_empty_kb_cleanup_completes_with_zero_total(client_rw, kb_factory, run_on_commit):
+    task = _delete(client_rw, kb_factory(), run_on_commit)
+    body = client_rw.get(f"/cleanup_tasks/{task.id}").json()
+    assert body["progress"] == {"processed": 0, "total": 0, "percentage": 1.0}
+
+
+def test_interrupted_cleanup_resumes_without_double_counting(kb_factory, monkeypatch, settings):
+    """worker 在批次之间死掉（SystemExit 不会被任务的异常处理捕获）：续跑后 processed == total。"""
+    settings.CLEANUP_BATCH_SIZE = 5
+    kb = kb_factory(status=KnowledgeBase.Status.DELETED)
+    total = add_documents(kb, documents=2, chunks_per_document=12)
+    task = CleanupTask.objects.create(knowledge_base=kb)
+    real_delete = cleanup.delete_batch
+    calls = {"n": 0}
+
+    def dying_delete(kb_id, batch_size):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise SystemExit("worker killed")
+        return real_delete(kb_id, batch_size)
+
+    monkeypatch.setattr(cleanup, "delete_batch", dying_delete)
+    with pytest.raises(SystemExit):
+        run_cleanup(str(task.id))
+    task.refresh_from_db()
+    assert task.status == "running"
+    assert task.processed == 10 and task.total == total
+    assert task.progress["percentage"] == round(10 / total, 4)
+
+    monkeypatch.setattr(cleanup, "delete_batch", real_delete)
+    run_cleanup(str(task.id))  # 代理重投递同一次尝试
+    task.refresh_from_db()
+    assert task.status == "completed"
+    assert task.processed == task.total == total
+    run_cleanup(str(task.id))  # 再投递一次也不会改变任何东西
+    task.refresh_from_db()
+    assert task.processed == total
+
+
+def _run_scheduled_retry(task: CleanupTask) -> Schedule:
+    schedule = Schedule.objects.get(name__startswith=f"cleanup-retry:{task.id}:")
+    assert schedule.func == "knowledge.tasks.run_cleanup"
+    args = ast.literal_eval(schedule.args)
+    kwargs = ast.literal_eval(schedule.kwargs)
+    schedule.delete()  # 相当于 django-q2 调度器取走这个一次性调度
+    run_cleanup(*args, **kwargs)
+    return schedule
+
+
+def test_three_automatic_retries_with_backoff_then_failed_then_manual_retry(
+    client_rw, kb_factory, run_on_commit, monkeypatch
+):
+    kb = kb_factory()
+    total = add_documents(kb, documents=2, chunks_per_document=3)
+
+    def broken(kb_id, batch_size):
+        raise RuntimeError("database is read-only")
+
+    monkeypatch.setattr(cleanup, "delete_batch", broken)
+    started = timezone.now()
+    task = _delete(client_rw, kb, run_on_commit)
+
+    expected_delays = [60, 120, 240]
+    for attempt, delay in enumerate(expected_delays, start=1):
+        task.refresh_from_db()
+        assert task.status == "running" and task.attempts == attempt
+        assert f"Attempt {attempt} failed" in task.error_message and "read-only" in task.error_message
+        schedule = Schedule.objects.get(name=f"cleanup-retry:{task.id}:{attempt + 1}")
+        assert schedule.schedule_type == Schedule.ONCE
+        assert timedelta(seconds=delay - 5) < schedule.next_run - started < timedelta(seconds=delay + 30)
+        assert task.next_retry_at == schedule.next_run
+        body = client_rw.get(f"/cleanup_tasks/{task.id}").json()
+        assert body["status"] == "running" and body["next_retry_at"] is not None
+        started = timezone.now()
+        _run_scheduled_retry(task)
+
+    task.refresh_from_db()
+    assert task.status == "failed" and task.attempts == 4
+    assert not Schedule.objects.filter(name__startswith=f"cleanup-retry:{task.id}").exists()
+    body = client_rw.get(f"/cleanup_tasks/{task.id}").json()
+    assert body["status"] == "failed" and "Attempt 4 failed" in body["error_message"]
+
+    # 故障排除后人工重试：重置为 pending，随后执行成功
+    monkeypatch.setattr(cleanup, "delete_batch", REAL_DELETE_BATCH)
+    response = run_on_commit(client_rw.post, f"/cleanup_tasks/{task.id}/retry")
+    assert response.status_code == 202
+    task.refresh_from_db()
+    assert task.status == "completed"
+    assert task.processed == task.total == total
+    assert not DocumentChunk.objects.filter(knowledge_base=kb).exists()
+
+
+def test_retry_resets_to_pending_before_running(client_rw, kb_factory):
+    kb = kb_factory(status=KnowledgeBase.Status.DELETED)
+    task = CleanupTask.objects.create(knowledge_base=kb, status="failed", processed=3, total=9, attempts=4,
+                                      error_message="boom")
+    response = client_rw.post(f"/cleanup_tasks/{task.id}/retry")  # 回调未提交，任务尚未执行
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "pending"
+    assert body["progress"] == {"processed": 0, "total": None, "percentage": None}
+    assert body["error_message"] is None
+
+
+def test_concurrent_execution_is_prevented_by_lock(kb_factory):
+    kb = kb_factory(status=KnowledgeBase.Status.DELETED)
+    add_documents(kb, documents=1, chunks_per_document=2)
+    task = CleanupTask.objects.create(knowledge_base=kb)
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [cleanup.lock_key(task.id)])
+        run_cleanup(str(task.id))
+        task.refresh_from_db()
+        assert task.status == "pending"  # 另一个执行者持有锁：本次直接退出
+    finally:
+        other.close()
+    run_cleanup(str(task.id))
+    task.refresh_from_db()
+    assert task.status == "completed"
+
+
+def test_stale_attempt_is_ignored(kb_factory):
+    kb = kb_factory(status=KnowledgeBase.Status.DELETED)
+    task = CleanupTask.objects.create(knowledge_base=kb, status="running", attempts=3)
+    run_cleanup(str(task.id), attempt=2)
+    task.refresh_from_db()
+    assert task.status == "running" and task.attempts == 3

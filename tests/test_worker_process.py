@@ -1,0 +1,70 @@
+"""真实 django-q2 worker 子进程：清理途中 SIGKILL worker，任务仍能完成；/ready 反映 worker 在线与否。"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django_q.conf import Conf
+
+from knowledge.models import CleanupTask
+from knowledge.services import knowledge_base_delete
+from ops.auth import SYSTEM_PRINCIPAL
+from ops.tasks import requeue_stale_cleanups
+from tests.factories import add_documents
+from tests.workers import WorkerCluster, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _progress(task_id) -> CleanupTask:
+    return CleanupTask.objects.get(pk=task_id)
+
+
+def test_cleanup_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
+    monkeypatch.setattr(Conf, "SYNC", False)  # 入队到 ORM broker，由子进程 worker 执行
+    kb = kb_factory()
+    total = add_documents(kb, documents=4, chunks_per_document=50)
+    slow = {"RAG_CLEANUP_BATCH_SIZE": "10", "RAG_CLEANUP_BATCH_PAUSE_MS": "150"}
+    first = WorkerCluster(tmp_path / "worker1.log", **slow).start()
+    try:
+        task = knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)  # 提交后入队（ORM broker）
+        wait_for(lambda: _progress(task.id).processed >= 30, timeout=60, what="cleanup progress")
+        first.kill()
+    finally:
+        first.stop()
+    killed_at = _progress(task.id)
+    assert killed_at.status == "running"
+    assert 0 < killed_at.processed < total, first.log()
+
+    second = WorkerCluster(tmp_path / "worker2.log", **slow).start()
+    try:
+        # 回收器：无进展且无人持锁的任务重新入队（被杀 worker 的连接断开后锁即释放）
+        wait_for(lambda: requeue_stale_cleanups(stale_after=timedelta(0)) == [str(task.id)], timeout=30,
+                 what="reaper to requeue the orphaned task")
+        wait_for(lambda: _progress(task.id).status == "completed", timeout=90, what="cleanup completion")
+    finally:
+        second.stop()
+    done = _progress(task.id)
+    assert done.processed == done.total == total, second.log()
+    assert done.attempts == 1  # 续跑的是同一次尝试，不算重试
+
+
+def test_ready_reports_worker_presence(db, tmp_path, monkeypatch):
+    monkeypatch.setattr(Conf, "SYNC", False)
+    client = Client()
+    response = client.get("/ready")
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "SERVICE_UNAVAILABLE"
+    assert [d["field"] for d in error["details"]] == ["worker"]
+
+    cluster = WorkerCluster(tmp_path / "worker.log").start()
+    try:
+        wait_for(lambda: client.get("/ready").status_code == 200, timeout=60, what="/ready to turn 200")
+    finally:
+        cluster.stop()
+    checks = client.get("/ready")
+    # 停止后心跳随缓存过期消失；这里只断言运行期间的结果
+    assert checks.status_code in (200, 503)

@@ -1,0 +1,84 @@
+"""在测试里启动真实的 django-q2 worker 子进程（连到 pytest 创建的测试库）。"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(settings.BASE_DIR)
+
+
+def test_database_url() -> str:
+    """当前测试库的连接 URL（Unix socket 或 TCP 均可）。"""
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"])
+    host = db["HOST"] or ""
+    if host.startswith("/"):
+        return f"postgresql://{auth}@/{db['NAME']}?host={quote(host)}"
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgresql://{auth}@{host}{port}/{db['NAME']}"
+
+
+class WorkerCluster:
+    """一个 ``manage.py qcluster`` 子进程；独立进程组，kill() 模拟 worker 被 SIGKILL。"""
+
+    def __init__(self, log_path: Path, **env: str) -> None:
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "RAG_DATABASE_URL": test_database_url(),
+            "RAG_DATA_DIR": str(log_path.parent),
+            # 任务包由 SECRET_KEY 签名，web 与 worker 必须一致
+            "RAG_SECRET_KEY": settings.SECRET_KEY,
+            "RAG_QUEUE_SYNC": "false",
+            "RAG_QUEUE_WORKERS": "1",
+            "RAG_LOG_LEVEL": "info",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerCluster:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), "qcluster"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL 整个进程组：哨兵、监视器与 worker 一起死，没有任何清理机会。"""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.2, what: str = "") -> None:
+    """轮询直到条件成立；超时抛 AssertionError。"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
