@@ -90,8 +90,8 @@ class CleanupTaskAdmin(admin.ModelAdmin):
     search_fields = ["id", "knowledge_base__name", "error_message"]
     list_select_related = ["knowledge_base"]
     actions = ["retry"]
-    fields = ["id", "knowledge_base", "status", "processed", "total", "attempts", "error_message",
-              "next_retry_at", "request_id", "created_at", "updated_at", "started_at", "finished_at"]
+    fields = ("id", "knowledge_base", "status", "processed", "total", "attempts", "error_message",
+              "next_retry_at", "request_id", "created_at", "updated_at", "started_at", "finished_at")
     readonly_fields = fields
 
     @admin.display(description="进度")

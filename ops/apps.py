@@ -6,3 +6,7 @@ class OpsConfig(AppConfig):
 
     name = "ops"
     verbose_name = "运维"
+
+    def ready(self) -> None:
+        # 注册 OpenAPI 鉴权扩展（导入即注册）
+        from ops import schema  # noqa: F401

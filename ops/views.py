@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import HttpResponse
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from ops import metrics
 from ops.selectors import readiness
+from ragservice.api import ERROR_SCHEMA
 from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
 
 
@@ -26,6 +27,7 @@ class HealthView(_PublicView):
 
     @extend_schema(
         tags=["ops"],
+        operation_id="health",
         responses=inline_serializer("Health", {"status": serializers.CharField()}),
     )
     def get(self, request: Request) -> Response:
@@ -37,11 +39,13 @@ class ReadyView(_PublicView):
 
     @extend_schema(
         tags=["ops"],
+        operation_id="ready",
         responses={
             200: inline_serializer(
                 "Ready",
                 {"status": serializers.CharField(), "checks": serializers.DictField(child=serializers.DictField())},
-            )
+            ),
+            503: OpenApiResponse(ERROR_SCHEMA, description="未就绪：details 列出失败的检查项"),
         },
     )
     def get(self, request: Request) -> Response:

@@ -26,7 +26,8 @@ def _server(data_dir: Path, *, start: bool = True):  # type: ignore[no-untyped-d
 def ensure_embedded_database(data_dir: Path) -> str:
     """确保内嵌服务器在运行、业务库存在，返回其连接 URL。"""
     server = _server(data_dir)
-    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
+    # DATABASE_NAME 是本模块的常量，不来自外部输入
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608
     if "(1 row)" not in exists:
         server.psql(f'CREATE DATABASE "{DATABASE_NAME}";')
     return str(server.get_uri(database=DATABASE_NAME))

@@ -133,8 +133,9 @@ def _api_exception_response(exc: drf_exceptions.APIException) -> Response:
         details = []
     if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
         headers["WWW-Authenticate"] = 'Bearer realm="ragservice"'
-    if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
-        headers["Retry-After"] = str(int(exc.wait))
+    wait = getattr(exc, "wait", None)
+    if isinstance(exc, drf_exceptions.Throttled) and wait is not None:
+        headers["Retry-After"] = str(int(wait))
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
 
 

@@ -217,5 +217,6 @@ WEB_WORKERS = env_int("RAG_WEB_WORKERS", 2, "gunicorn worker 进程数", minimum
 WEB_THREADS = env_int("RAG_WEB_THREADS", 4, "每个 gunicorn worker 的线程数", minimum=1)
 
 # admin 的 cookie 在生产模式下默认只走 HTTPS
-SESSION_COOKIE_SECURE = env_bool("RAG_SECURE_COOKIES", PRODUCTION, "admin 会话 cookie 仅经 HTTPS 发送（生产模式默认开）")
+SESSION_COOKIE_SECURE = env_bool("RAG_SECURE_COOKIES", PRODUCTION,
+                                 "admin 会话 cookie 仅经 HTTPS 发送（生产模式默认开）")
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

@@ -24,7 +24,7 @@ from ragservice.api import error_responses, page_response
 class KnowledgeBaseListView(APIView):
     @extend_schema(
         tags=["knowledge_bases"],
-        summary="列出知识库",
+        operation_id="list_knowledge_bases", summary="列出知识库",
         parameters=[KnowledgeBaseListQuerySerializer],
         responses={200: page_response(KnowledgeBaseSerializer, "KnowledgeBasePage"), **error_responses()},
     )
@@ -48,7 +48,7 @@ class KnowledgeBaseListView(APIView):
 
     @extend_schema(
         tags=["knowledge_bases"],
-        summary="创建知识库",
+        operation_id="create_knowledge_base", summary="创建知识库",
         request=KnowledgeBaseCreateSerializer,
         responses={201: KnowledgeBaseSerializer, **error_responses(403, 409)},
     )
@@ -61,7 +61,7 @@ class KnowledgeBaseListView(APIView):
 
 
 class KnowledgeBaseDetailView(APIView):
-    @extend_schema(tags=["knowledge_bases"], summary="知识库详情（含已删除，供审计）",
+    @extend_schema(tags=["knowledge_bases"], operation_id="get_knowledge_base", summary="知识库详情（含已删除，供审计）",
                    responses={200: KnowledgeBaseSerializer, **error_responses(403, 404)})
     def get(self, request: Request, kb_id: str) -> Response:
         kb = selectors.knowledge_base_get(principal=request_principal(request), kb_id=kb_id)
@@ -69,7 +69,7 @@ class KnowledgeBaseDetailView(APIView):
 
     @extend_schema(
         tags=["knowledge_bases"],
-        summary="修改名称、描述或状态（enabled/disabled）",
+        operation_id="update_knowledge_base", summary="修改名称、描述或状态（enabled/disabled）",
         request=KnowledgeBaseUpdateSerializer,
         responses={200: KnowledgeBaseSerializer, **error_responses(403, 404, 409)},
     )
@@ -83,7 +83,7 @@ class KnowledgeBaseDetailView(APIView):
 
     @extend_schema(
         tags=["knowledge_bases"],
-        summary="删除知识库（立即标记 deleted，异步清理）",
+        operation_id="delete_knowledge_base", summary="删除知识库（立即标记 deleted，异步清理）",
         request=None,
         responses={202: KnowledgeBaseDeletedSerializer, **error_responses(403, 404, 409)},
     )
@@ -96,7 +96,7 @@ class KnowledgeBaseDetailView(APIView):
 
 
 class CleanupTaskDetailView(APIView):
-    @extend_schema(tags=["cleanup_tasks"], summary="清理任务状态与进度",
+    @extend_schema(tags=["cleanup_tasks"], operation_id="get_cleanup_task", summary="清理任务状态与进度",
                    responses={200: CleanupTaskSerializer, **error_responses(403, 404)})
     def get(self, request: Request, task_id: str) -> Response:
         task = selectors.cleanup_task_get(principal=request_principal(request), task_id=task_id)
@@ -104,7 +104,7 @@ class CleanupTaskDetailView(APIView):
 
 
 class CleanupTaskRetryView(APIView):
-    @extend_schema(tags=["cleanup_tasks"], summary="重试失败的清理任务", request=None,
+    @extend_schema(tags=["cleanup_tasks"], operation_id="retry_cleanup_task", summary="重试失败的清理任务", request=None,
                    responses={202: CleanupTaskSerializer, **error_responses(403, 404, 409)})
     def post(self, request: Request, task_id: str) -> Response:
         task = services.cleanup_task_retry(principal=request_principal(request), task_id=task_id)

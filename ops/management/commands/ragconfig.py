@@ -25,5 +25,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"| `{var.name}` | {var.kind} | {default} | {var.help} |")
             return
         for var in rows:
-            current = "<secret>" if var.kind == "secret" and os.environ.get(var.name) else os.environ.get(var.name)
-            self.stdout.write(f"{var.name}={current if current is not None else ''}  # 默认 {var.default!r}：{var.help}")
+            current = os.environ.get(var.name, "")
+            if var.kind == "secret" and current:
+                current = "<secret>"
+            self.stdout.write(f"{var.name}={current}  # 默认 {var.default!r}：{var.help}")

@@ -41,7 +41,7 @@ class Command(BaseCommand):
         env = self._child_env()
         children = {"web": self._start_web(env, options["host"], options["port"])}
         if not options["no_worker"]:
-            children["worker"] = subprocess.Popen(
+            children["worker"] = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
                 [sys.executable, str(BASE_DIR / "manage.py"), "qcluster"], env=env, cwd=BASE_DIR
             )
         self._banner(options["host"], options["port"])
@@ -63,7 +63,7 @@ class Command(BaseCommand):
         return env
 
     def _start_web(self, env: dict[str, str], host: str, port: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        return subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
             [
                 sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
                 "--config", str(BASE_DIR / "ragservice" / "gunicorn_conf.py"),
