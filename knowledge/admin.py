@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 
 from knowledge import services
 from knowledge.models import CleanupTask, KnowledgeBase
@@ -22,11 +22,11 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
     readonly_fields = ["id", "created_at", "updated_at", "deleted_at"]
     actions = ["enable", "disable", "soft_delete"]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: KnowledgeBase | None = None) -> Any:
-        # 已删除的知识库不可恢复或修改
+    def has_change_permission(self, request: HttpRequest, obj: KnowledgeBase | None = None) -> bool:
+        # 已删除的知识库不可恢复或修改：详情页只读（仍可查看，供审计）
         if obj is not None and obj.is_deleted:
-            return [f.name for f in KnowledgeBase._meta.fields]
-        return self.readonly_fields
+            return False
+        return super().has_change_permission(request, obj)
 
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         # 表单里只能在 enabled/disabled 之间切换；删除走“删除并清理”动作
@@ -53,7 +53,29 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
                 obj.pk = created.pk
                 obj._state.adding = False
         except ApplicationError as exc:
+            # 服务层拒绝（如并发下的重名）：记下失败，随后的日志与“保存成功”跳转都要跳过
+            request._service_error = exc  # type: ignore[attr-defined]
             self.message_user(request, exc.message, messages.ERROR)
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if not hasattr(request, "_service_error"):
+            return super().log_change(request, obj, message)
+        return None
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if not hasattr(request, "_service_error"):
+            return super().log_addition(request, obj, message)
+        return None
+
+    def response_add(self, request: HttpRequest, obj: KnowledgeBase, post_url_continue: str | None = None) -> Any:
+        if hasattr(request, "_service_error"):
+            return HttpResponseRedirect(request.path)
+        return super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request: HttpRequest, obj: KnowledgeBase) -> Any:
+        if hasattr(request, "_service_error"):
+            return HttpResponseRedirect(request.path)
+        return super().response_change(request, obj)
 
     def _set_status(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase], status: str) -> None:
         done = 0

@@ -36,7 +36,8 @@ class KnowledgeBase(models.Model):
         ordering = ["-created_at", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["name"], condition=~Q(status="deleted"), name="knowledge_bases_name_uniq_active"
+                fields=["name"], condition=~Q(status="deleted"), name="knowledge_bases_name_uniq_active",
+                violation_error_message="已有同名且未删除的知识库",
             ),
             models.CheckConstraint(
                 condition=Q(status__in=["enabled", "disabled", "deleted"]), name="knowledge_bases_status_valid"

@@ -20,8 +20,8 @@ from rest_framework.test import APIClient
 
 from knowledge.models import CleanupTask, KnowledgeBase
 from ops.models import ApiKey
+from tests import workers
 from tests.conftest import assert_error
-from tests.workers import test_database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -90,7 +90,7 @@ def test_key_is_stored_only_as_sha256_hash(client_rw):
     assert key.key_prefix == raw[:10]
     # 整行（含所有列）序列化后都不包含明文
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT row_to_json(k)::text FROM {ApiKey._meta.db_table} k")  # noqa: S608
+        cursor.execute(f"SELECT row_to_json(k)::text FROM {ApiKey._meta.db_table} k")
         rows = [r[0] for r in cursor.fetchall()]
     assert len(rows) == 1
     assert raw not in rows[0]
@@ -254,7 +254,7 @@ def test_scoped_read_write_key_can_patch_own_kb_but_not_create(make_client, kb_f
     assert not KnowledgeBase.objects.filter(name="new").exists()
 
 
-def test_validation_precedes_permission_is_not_leaking_other_kbs(make_client, kb_factory):
+def test_scoped_key_name_filter_does_not_leak_other_kbs(make_client, kb_factory):
     """作用域 key 在列表里按名称过滤时也看不到别的知识库。"""
     kb_a = kb_factory(name="shared-a")
     kb_factory(name="shared-b")
@@ -371,7 +371,7 @@ def _django_setup(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
         env={
             **base,
             "DJANGO_SETTINGS_MODULE": "ragservice.settings",
-            "RAG_DATABASE_URL": test_database_url(),
+            "RAG_DATABASE_URL": workers.test_database_url(),
             "RAG_DATA_DIR": str(tmp_path / "data"),
             **env,
         },
