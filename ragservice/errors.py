@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +152,13 @@ def log_internal_error(request: HttpRequest | None, exc: BaseException) -> None:
     logger.error("unhandled_exception", exc_info=exc, **params)
 
 
+def log_request_exception(sender: object, request: HttpRequest | None = None, **kwargs: Any) -> None:
+    """got_request_exception 信号的接收者：记录当前正在处理的异常。"""
+    exc = sys.exc_info()[1]
+    if exc is not None:
+        log_internal_error(request, exc)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """DRF 的 EXCEPTION_HANDLER：所有异常都渲染为统一错误格式，并回滚当前事务。"""
     # 延迟导入：rest_framework.views 在导入时会加载鉴权类，而鉴权类依赖本模块
@@ -199,5 +207,5 @@ def handler403(request: HttpRequest, exception: Exception | None = None) -> Json
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
-    """中间件或非 DRF 视图里的未处理异常；堆栈已由中间件记录。"""
+    """中间件或非 DRF 视图里的未处理异常；堆栈已由 got_request_exception 的接收者记录。"""
     return _json_error(500, ErrorCode.INTERNAL_ERROR, "Internal server error")

@@ -9,7 +9,7 @@ from knowledge.models import KnowledgeBase
 
 
 def add_documents(kb: KnowledgeBase, *, documents: int, chunks_per_document: int, dim: int = 384) -> int:
-    """为知识库写入 documents × chunks_per_document 个分块，返回写入的总行数（文档 + 分块）。"""
+    """为知识库写入 documents * chunks_per_document 个分块，返回写入的总行数（文档 + 分块）。"""
     rng = random.Random(42)
     docs = Document.objects.bulk_create(
         Document(knowledge_base=kb, filename=f"doc-{i}.txt", status=Document.Status.COMPLETED,

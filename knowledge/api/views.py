@@ -61,7 +61,8 @@ class KnowledgeBaseListView(APIView):
 
 
 class KnowledgeBaseDetailView(APIView):
-    @extend_schema(tags=["knowledge_bases"], operation_id="get_knowledge_base", summary="知识库详情（含已删除，供审计）",
+    @extend_schema(tags=["knowledge_bases"], operation_id="get_knowledge_base",
+                   summary="知识库详情（含已删除，供审计）",
                    responses={200: KnowledgeBaseSerializer, **error_responses(403, 404)})
     def get(self, request: Request, kb_id: str) -> Response:
         kb = selectors.knowledge_base_get(principal=request_principal(request), kb_id=kb_id)
@@ -104,8 +105,8 @@ class CleanupTaskDetailView(APIView):
 
 
 class CleanupTaskRetryView(APIView):
-    @extend_schema(tags=["cleanup_tasks"], operation_id="retry_cleanup_task", summary="重试失败的清理任务", request=None,
-                   responses={202: CleanupTaskSerializer, **error_responses(403, 404, 409)})
+    @extend_schema(tags=["cleanup_tasks"], operation_id="retry_cleanup_task", summary="重试失败的清理任务",
+                   request=None, responses={202: CleanupTaskSerializer, **error_responses(403, 404, 409)})
     def post(self, request: Request, task_id: str) -> Response:
         task = services.cleanup_task_retry(principal=request_principal(request), task_id=task_id)
         task.refresh_from_db()

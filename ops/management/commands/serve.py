@@ -73,6 +73,8 @@ class Command(BaseCommand):
                 "--worker-class", "gthread",
                 "--timeout", "120",
                 "--graceful-timeout", "20",
+                # gunicorn 默认把控制 socket 放在 ~/.gunicorn 的固定路径，多个实例会互相抢占
+                "--no-control-socket",
             ],
             env=env,
             cwd=BASE_DIR,

@@ -1,0 +1,328 @@
+"""ragservice.config：RAG_* 环境变量的解析、非法值告警回退、密钥 fail fast、数据库 URL 与文档生成。"""
+
+from __future__ import annotations
+
+import logging
+import re
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+
+from ragservice import config
+from ragservice.config import (
+    database_from_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_secret,
+    env_size,
+    env_str,
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """测试里登记的 RAG_TEST_* 变量写进副本，不污染真实的 VARIABLES（ragconfig 命令持有原对象）。"""
+    monkeypatch.setattr(config, "VARIABLES", dict(config.VARIABLES))
+
+
+def _assert_warned(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, name: str) -> None:
+    """非法值既打印到 stderr，也经 logging 记一条 WARNING。"""
+    err = capsys.readouterr().err
+    assert f"invalid value for {name}=" in err, err
+    assert "falling back to default" in err
+    records = [r for r in caplog.records if r.name == "ragservice.config" and r.levelno == logging.WARNING]
+    assert any(f"invalid value for {name}=" in r.getMessage() for r in records), caplog.records
+
+
+def _assert_not_warned(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    assert "invalid value" not in capsys.readouterr().err
+    assert not [r for r in caplog.records if r.name == "ragservice.config"]
+
+
+# ---------------------------------------------------------------- 合法取值
+
+
+def test_unset_and_blank_return_default(monkeypatch, capsys, caplog):
+    monkeypatch.delenv("RAG_TEST_UNSET_INT", raising=False)
+    assert env_int("RAG_TEST_UNSET_INT", 7, "help") == 7
+    monkeypatch.setenv("RAG_TEST_BLANK_STR", "   ")
+    assert env_str("RAG_TEST_BLANK_STR", "fallback", "help") == "fallback"
+    _assert_not_warned(capsys, caplog)
+
+
+def test_env_int_parses_and_strips(monkeypatch, capsys, caplog):
+    monkeypatch.setenv("RAG_TEST_INT_OK", " 42 ")
+    assert env_int("RAG_TEST_INT_OK", 1, "help", minimum=1, maximum=100) == 42
+    monkeypatch.setenv("RAG_TEST_INT_BOUNDS", "100")
+    assert env_int("RAG_TEST_INT_BOUNDS", 1, "help", minimum=1, maximum=100) == 100  # 边界值合法
+    monkeypatch.setenv("RAG_TEST_INT_NEG", "-3")
+    assert env_int("RAG_TEST_INT_NEG", 0, "help") == -3
+    _assert_not_warned(capsys, caplog)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("1", True), ("true", True), ("TRUE", True), ("yes", True), ("On", True),
+    ("0", False), ("false", False), ("No", False), ("off", False),
+])
+def test_env_bool_values(monkeypatch, capsys, caplog, raw, expected):
+    monkeypatch.setenv("RAG_TEST_BOOL_OK", raw)
+    assert env_bool("RAG_TEST_BOOL_OK", not expected, "help") is expected
+    _assert_not_warned(capsys, caplog)
+
+
+def test_env_float_parses(monkeypatch):
+    monkeypatch.setenv("RAG_TEST_FLOAT_OK", "0.25")
+    assert env_float("RAG_TEST_FLOAT_OK", 1.0, "help", minimum=0.0) == 0.25
+    monkeypatch.setenv("RAG_TEST_FLOAT_INT", "3")
+    assert env_float("RAG_TEST_FLOAT_INT", 1.0, "help") == 3.0
+
+
+def test_env_str_plain_and_choices(monkeypatch, capsys, caplog):
+    monkeypatch.setenv("RAG_TEST_STR_PLAIN", "  Hello 世界 ")
+    assert env_str("RAG_TEST_STR_PLAIN", "x", "help") == "Hello 世界"
+    monkeypatch.setenv("RAG_TEST_STR_CHOICE", "PRODUCTION")
+    # choices 忽略大小写，返回规范的小写值
+    assert env_str("RAG_TEST_STR_CHOICE", "development", "help",
+                   choices=("development", "production")) == "production"
+    _assert_not_warned(capsys, caplog)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("52428800", 52_428_800),
+    ("50MB", 50_000_000),
+    ("50mb", 50_000_000),
+    ("50 MB", 50_000_000),
+    ("512KiB", 524_288),
+    ("1kb", 1000),
+    ("2MiB", 2 * 1024**2),
+    ("1.5GB", 1_500_000_000),
+    ("1GiB", 1024**3),
+    ("100b", 100),
+])
+def test_env_size_units(monkeypatch, capsys, caplog, raw, expected):
+    monkeypatch.setenv("RAG_TEST_SIZE_OK", raw)
+    assert env_size("RAG_TEST_SIZE_OK", 1, "help") == expected
+    _assert_not_warned(capsys, caplog)
+
+
+# ---------------------------------------------------------------- 非法取值：告警并回退默认值
+
+
+@pytest.mark.parametrize(("raw", "kwargs"), [
+    ("abc", {}),                              # 不是数字
+    ("4.5", {}),                              # 不是整数
+    ("0", {"minimum": 1}),                    # 低于下限
+    ("1001", {"minimum": 1, "maximum": 1000}),  # 高于上限
+])
+def test_env_int_invalid_falls_back_with_warning(monkeypatch, capsys, caplog, raw, kwargs):
+    monkeypatch.setenv("RAG_TEST_INT_BAD", raw)
+    assert env_int("RAG_TEST_INT_BAD", 40, "help", **kwargs) == 40
+    _assert_warned(capsys, caplog, "RAG_TEST_INT_BAD")
+
+
+def test_env_int_warning_names_the_reason(monkeypatch, capsys):
+    monkeypatch.setenv("RAG_TEST_INT_REASON", "0")
+    assert env_int("RAG_TEST_INT_REASON", 5, "help", minimum=1) == 5
+    err = capsys.readouterr().err
+    assert "RAG_TEST_INT_REASON='0'" in err
+    assert "must be >= 1" in err
+    assert "default 5" in err
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "tru"])
+def test_env_bool_invalid_falls_back_with_warning(monkeypatch, capsys, caplog, raw):
+    monkeypatch.setenv("RAG_TEST_BOOL_BAD", raw)
+    assert env_bool("RAG_TEST_BOOL_BAD", True, "help") is True
+    _assert_warned(capsys, caplog, "RAG_TEST_BOOL_BAD")
+
+
+@pytest.mark.parametrize(("raw", "kwargs"), [("fast", {}), ("-0.5", {"minimum": 0.0})])
+def test_env_float_invalid_falls_back_with_warning(monkeypatch, capsys, caplog, raw, kwargs):
+    monkeypatch.setenv("RAG_TEST_FLOAT_BAD", raw)
+    assert env_float("RAG_TEST_FLOAT_BAD", 0.5, "help", **kwargs) == 0.5
+    _assert_warned(capsys, caplog, "RAG_TEST_FLOAT_BAD")
+
+
+def test_env_str_bad_choice_falls_back_with_warning(monkeypatch, capsys, caplog):
+    monkeypatch.setenv("RAG_TEST_STR_BAD", "staging")
+    assert env_str("RAG_TEST_STR_BAD", "development", "help", choices=("development", "production")) == "development"
+    _assert_warned(capsys, caplog, "RAG_TEST_STR_BAD")
+
+
+@pytest.mark.parametrize("raw", ["abc", "MB", "50XB", "0", "-5MB", "12..5kb"])
+def test_env_size_invalid_falls_back_with_warning(monkeypatch, capsys, caplog, raw):
+    monkeypatch.setenv("RAG_TEST_SIZE_BAD", raw)
+    assert env_size("RAG_TEST_SIZE_BAD", 1234, "help") == 1234
+    _assert_warned(capsys, caplog, "RAG_TEST_SIZE_BAD")
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e400MB"])
+def test_env_size_infinite_falls_back_with_warning(monkeypatch, capsys, caplog, raw):
+    monkeypatch.setenv("RAG_TEST_SIZE_INF", raw)
+    assert env_size("RAG_TEST_SIZE_INF", 1234, "help") == 1234
+    _assert_warned(capsys, caplog, "RAG_TEST_SIZE_INF")
+
+
+# ---------------------------------------------------------------- 登记表
+
+
+def test_variables_are_registered_with_kind_and_default(monkeypatch):
+    monkeypatch.setenv("RAG_TEST_REG", "9")
+    env_int("RAG_TEST_REG", 3, "说明文字")
+    var = config.VARIABLES["RAG_TEST_REG"]
+    assert (var.name, var.kind, var.default, var.help) == ("RAG_TEST_REG", "int", 3, "说明文字")
+    env_str("RAG_TEST_REG_CHOICE", "a", "h", choices=("a", "b"))
+    assert config.VARIABLES["RAG_TEST_REG_CHOICE"].kind == "a|b"
+
+
+def test_same_definition_may_be_read_twice_but_conflicting_one_raises():
+    assert env_int("RAG_TEST_TWICE", 3, "help") == 3
+    assert env_int("RAG_TEST_TWICE", 3, "help") == 3  # 同一定义重复读取是允许的
+    with pytest.raises(ImproperlyConfigured, match="registered twice"):
+        env_int("RAG_TEST_TWICE", 4, "help")
+    with pytest.raises(ImproperlyConfigured, match="registered twice"):
+        env_str("RAG_TEST_TWICE", "3", "help")
+
+
+def test_settings_registered_core_variables():
+    for name in ("RAG_ENV", "RAG_SECRET_KEY", "RAG_DATABASE_URL", "RAG_HNSW_EF_SEARCH", "RAG_METRICS_ENABLED",
+                 "RAG_LOG_LEVEL", "RAG_AUTH_ENABLED"):
+        assert name in config.VARIABLES, name
+    assert config.VARIABLES["RAG_SECRET_KEY"].kind == "secret"
+    assert config.VARIABLES["RAG_HNSW_EF_SEARCH"].default == 40
+
+
+# ---------------------------------------------------------------- 密钥
+
+
+def test_env_secret_production_requires_value(monkeypatch):
+    monkeypatch.delenv("RAG_TEST_SECRET_PROD", raising=False)
+    with pytest.raises(ImproperlyConfigured, match="RAG_TEST_SECRET_PROD must be set"):
+        env_secret("RAG_TEST_SECRET_PROD", "help", production=True)
+    monkeypatch.setenv("RAG_TEST_SECRET_PROD", "   ")  # 只有空白等同未设置
+    with pytest.raises(ImproperlyConfigured):
+        env_secret("RAG_TEST_SECRET_PROD", "help", production=True)
+    monkeypatch.setenv("RAG_TEST_SECRET_PROD", " s3cret ")
+    assert env_secret("RAG_TEST_SECRET_PROD", "help", production=True) == "s3cret"
+
+
+def test_env_secret_development_returns_none_when_unset(monkeypatch):
+    monkeypatch.delenv("RAG_TEST_SECRET_DEV", raising=False)
+    assert env_secret("RAG_TEST_SECRET_DEV", "help", production=False) is None
+    monkeypatch.setenv("RAG_TEST_SECRET_DEV", "dev-key")
+    assert env_secret("RAG_TEST_SECRET_DEV", "help", production=False) == "dev-key"
+    assert config.VARIABLES["RAG_TEST_SECRET_DEV"].kind == "secret"
+
+
+# ---------------------------------------------------------------- 数据库 URL
+
+
+def test_database_from_url_tcp():
+    db = database_from_url(
+        "postgresql://alice:p%40ss%3Aw%2Frd@db.example.com:6543/rag%2Ddb?sslmode=require&connect_timeout=5"
+    )
+    assert db == {
+        "ENGINE": "django_prometheus.db.backends.postgresql",
+        "NAME": "rag-db",
+        "USER": "alice",
+        "PASSWORD": "p@ss:w/rd",
+        "HOST": "db.example.com",
+        "PORT": "6543",
+        "OPTIONS": {"sslmode": "require", "connect_timeout": "5"},
+    }
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+psycopg"])
+def test_database_from_url_accepts_postgres_schemes_without_port(scheme):
+    db = database_from_url(f"{scheme}://bob@localhost/ragservice")
+    got = (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"])
+    assert got == ("bob", "", "localhost", "", "ragservice")
+    assert db["OPTIONS"] == {}
+
+
+def test_database_from_url_unix_socket():
+    db = database_from_url("postgresql://postgres:@/ragservice?host=/tmp/x")
+    assert db["HOST"] == "/tmp/x"
+    assert db["PORT"] == ""
+    assert db["USER"] == "postgres"
+    assert db["PASSWORD"] == ""
+    assert db["NAME"] == "ragservice"
+    assert db["OPTIONS"] == {}  # host 不会残留在 OPTIONS 里
+
+
+def test_database_from_url_unix_socket_percent_encoded_and_extra_options():
+    db = database_from_url("postgresql://postgres@/ragservice?host=%2Fvar%2Frun%2Fpg%20sock&sslmode=disable")
+    assert db["HOST"] == "/var/run/pg sock"
+    assert db["OPTIONS"] == {"sslmode": "disable"}
+
+
+@pytest.mark.parametrize("url", [
+    "mysql://root@localhost/ragservice",
+    "sqlite:///tmp/db.sqlite3",
+    "http://localhost/ragservice",
+    "localhost:5432/ragservice",
+])
+def test_database_from_url_rejects_non_postgres_scheme(url):
+    with pytest.raises(ImproperlyConfigured, match="postgresql://"):
+        database_from_url(url)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://alice@db.example.com:5432",
+    "postgresql://alice@db.example.com:5432/",
+    "postgresql://postgres:@/?host=/tmp/x",
+])
+def test_database_from_url_requires_database_name(url):
+    with pytest.raises(ImproperlyConfigured, match="must name a database"):
+        database_from_url(url)
+
+
+def test_settings_database_has_ef_search_option():
+    options = settings.DATABASES["default"]["OPTIONS"]
+    assert f"-c hnsw.ef_search={settings.HNSW_EF_SEARCH}" in options["options"]
+
+
+# ---------------------------------------------------------------- 文档（manage.py ragconfig）
+
+
+def _markdown() -> str:
+    out = StringIO()
+    call_command("ragconfig", "--markdown", stdout=out)
+    return out.getvalue()
+
+
+def test_ragconfig_markdown_lists_every_variable():
+    text = _markdown()
+    assert text.startswith("| 变量 | 类型 | 默认值 | 说明 |")
+    rag_names = [name for name in config.VARIABLES if name.startswith("RAG_")]
+    assert len(rag_names) >= 20
+    for name in rag_names:
+        assert f"| `{name}` |" in text, name
+    # 每个变量一行，没有重复
+    rows = re.findall(r"^\| `(RAG_[A-Z0-9_]+)` \|", text, flags=re.MULTILINE)
+    assert len(rows) == len(set(rows))
+    assert "RAG_TEST_" not in text
+
+
+def test_ragconfig_plain_output_hides_secret_values(monkeypatch):
+    monkeypatch.setenv("RAG_SECRET_KEY", "do-not-print-me")
+    out = StringIO()
+    call_command("ragconfig", stdout=out)
+    text = out.getvalue()
+    assert "RAG_SECRET_KEY=<secret>" in text
+    assert "do-not-print-me" not in text
+
+
+def test_readme_documents_every_variable():
+    readme = Path(settings.BASE_DIR) / "README.md"
+    if not readme.exists():
+        pytest.skip("README.md 尚不存在")
+    text = readme.read_text(encoding="utf-8")
+    missing = [name for name in config.VARIABLES
+               if name.startswith("RAG_") and not name.startswith("RAG_TEST_") and name not in text]
+    assert not missing, f"README.md 缺少这些变量：{missing}"
