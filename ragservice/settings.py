@@ -140,7 +140,7 @@ TIME_ZONE = env_str("RAG_TIME_ZONE", "Asia/Shanghai", "admin 显示用时区（A
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = ensure_dir(DATA_DIR / "static")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

@@ -90,13 +90,22 @@ class Command(BaseCommand):
             f"  就绪检查：{base}/ready    指标：{base}/metrics    管理后台：{base}/admin/",
         ]
         if settings.AUTH_ENABLED:
-            lines.append(f"  API key：python manage.py createapikey 我的应用   （已有 {ApiKey.objects.count()} 把）")
-            lines.append("  管理员账号：python manage.py createsuperuser")
+            manage = f"{self._python()} manage.py"
+            lines.append(f"  API key：{manage} createapikey 我的应用   （已有 {ApiKey.objects.count()} 把）")
+            lines.append(f"  管理员账号：{manage} createsuperuser")
         else:
             lines.append("  注意：RAG_AUTH_ENABLED=false，API 不校验 key（仅限本地开发）")
         lines.append("按 Ctrl+C 停止。")
         self.stdout.write("\n".join(lines))
         self.stdout.flush()
+
+    @staticmethod
+    def _python() -> str:
+        """横幅里给出可直接复制的解释器路径（项目内的 .venv 显示为相对路径）。"""
+        try:
+            return str(Path(sys.executable).relative_to(BASE_DIR))
+        except ValueError:
+            return sys.executable
 
     def _supervise(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
         stopping = False
