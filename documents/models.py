@@ -44,6 +44,11 @@ class Document(models.Model):
         FAILED = "failed", "失败"
         DELETED = "deleted", "已删除"
 
+    class Reindex(models.TextChoices):
+        QUEUED = "queued", "排队中"
+        RUNNING = "running", "运行中"
+        FAILED = "failed", "失败"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     knowledge_base = models.ForeignKey(
         KnowledgeBase, on_delete=models.CASCADE, related_name="documents", verbose_name="知识库"
@@ -52,9 +57,27 @@ class Document(models.Model):
     status = models.CharField("状态", max_length=16, choices=Status.choices, default=Status.PROCESSING)
     error_message = models.TextField("错误信息", blank=True, default="")
     chunk_count = models.PositiveIntegerField("分块数", default=0)
+    # 调用方给的元数据（title/domain/category/tags 与自由键），会复制到每个分块
     metadata = models.JSONField("元数据", default=dict, blank=True)
+    format = models.CharField("格式", max_length=16, blank=True, default="")
+    size_bytes = models.PositiveBigIntegerField("大小（字节）", default=0)
+    sha256 = models.CharField("SHA-256", max_length=64, blank=True, default="")
+    stored_path = models.CharField("原始文件", max_length=1024, blank=True, default="",
+                                   help_text="相对 RAG_DATA_DIR 的路径，重新索引时从这里读取")
+    chunking = models.JSONField("分块参数覆盖", default=dict, blank=True)
+    ocr_skipped = models.BooleanField("OCR 被跳过", default=False)
+    ocr_engine = models.CharField("OCR 引擎", max_length=32, blank=True, default="")
+    stage_timings = models.JSONField("各阶段耗时（毫秒）", default=dict, blank=True)
+    # 正在执行的阶段（parse/chunk/embed/store）；空表示没有 worker 在处理（排队中或已结束）
+    stage = models.CharField("当前阶段", max_length=16, blank=True, default="")
+    attempts = models.PositiveSmallIntegerField("本轮尝试次数", default=0)
+    next_retry_at = models.DateTimeField("下次自动重试", null=True, blank=True)
+    # 重新索引期间文档保持 completed、旧分块照常可检索，新分块提交时原子替换
+    reindex_status = models.CharField("重新索引", max_length=16, choices=Reindex.choices, blank=True, default="")
+    request_id = models.CharField("发起请求 ID", max_length=64, blank=True, default="")
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
     updated_at = models.DateTimeField("更新时间", auto_now=True)
+    finished_at = models.DateTimeField("完成时间", null=True, blank=True)
 
     class Meta:
         db_table = "documents"
@@ -67,14 +90,26 @@ class Document(models.Model):
                 name="documents_status_valid",
             ),
         ]
-        indexes = [models.Index(fields=["knowledge_base", "status"], name="documents_kb_status_idx")]
+        indexes = [
+            models.Index(fields=["knowledge_base", "status"], name="documents_kb_status_idx"),
+            models.Index(fields=["status", "updated_at"], name="documents_status_updated_idx"),
+        ]
 
     def __str__(self) -> str:
         return self.filename
 
 
 class DocumentChunk(models.Model):
-    """文档的一个分块及其向量（L2 归一化后存储）。"""
+    """文档的一个分块及其向量（L2 归一化后存储）。
+
+    parent_child 分块时，父块（role=parent）只存文本不存向量，子块（role=child）指向父块；
+    检索只在 chunk/child 上进行。
+    """
+
+    class Role(models.TextChoices):
+        CHUNK = "chunk", "分块"
+        PARENT = "parent", "父块"
+        CHILD = "child", "子块"
 
     id = models.BigAutoField(primary_key=True)
     knowledge_base = models.ForeignKey(
@@ -86,6 +121,12 @@ class DocumentChunk(models.Model):
     metadata = models.JSONField("元数据", default=dict, blank=True)
     embedding = VectorField("向量", null=True, blank=True)
     embedding_dim = models.PositiveSmallIntegerField("向量维度", null=True, blank=True)
+    role = models.CharField("角色", max_length=8, choices=Role.choices, default=Role.CHUNK)
+    parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children",
+                               verbose_name="父块")
+    token_count = models.PositiveIntegerField("token 数", default=0)
+    # 文本的 SHA-256：重新索引时文本未变的分块直接复用旧向量
+    text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
 
     class Meta:
@@ -103,6 +144,7 @@ class DocumentChunk(models.Model):
         ]
         indexes = [
             models.Index(fields=["knowledge_base"], name="document_chunks_kb_idx"),
+            models.Index(fields=["parent"], name="document_chunks_parent_idx"),
             *[_hnsw_index(dim) for dim in SUPPORTED_DIMENSIONS],
         ]
 

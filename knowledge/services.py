@@ -6,9 +6,11 @@ import uuid
 from typing import Any
 
 import structlog
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from knowledge.cleanup import CLEANUP_TASK_FUNC
 from knowledge.models import CleanupTask, KnowledgeBase
 from knowledge.selectors import cleanup_task_not_found, knowledge_base_fetch, parse_uuid
 from ops.auth import Principal, authorize_global_write, authorize_knowledge_base
@@ -17,7 +19,6 @@ from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
 
 logger = structlog.get_logger(__name__)
 
-CLEANUP_TASK_FUNC = "knowledge.tasks.run_cleanup"
 _NAME_CONSTRAINT = "knowledge_bases_name_uniq_active"
 
 
@@ -54,11 +55,49 @@ def _save_unique_name(kb: KnowledgeBase, **save_kwargs: Any) -> None:
         raise
 
 
+def _resolve_embedding(provider: str | None, model: str | None) -> tuple[str, str, int]:
+    """确定知识库的 embedding 模型与维度；加载失败或维度没有对应索引时是调用方的输入错误。"""
+    from documents.models import SUPPORTED_DIMENSIONS
+    from search.embedders import default_model, embedder
+
+    provider = provider or settings.EMBEDDING_PROVIDER
+    model = model or default_model(provider)
+    try:
+        dimension = embedder(provider, model).dimension
+    except Exception as exc:
+        logger.warning("embedding_model_unavailable", provider=provider, model=model, exc_info=exc)
+        raise ApplicationError(
+            ErrorCode.VALIDATION_ERROR, "Embedding model cannot be loaded", 400,
+            [ErrorDetail("embedding.model", "UNAVAILABLE", f"{provider}:{model} could not be loaded: {exc}")],
+        ) from exc
+    if dimension not in SUPPORTED_DIMENSIONS:
+        raise ApplicationError(
+            ErrorCode.VALIDATION_ERROR, "Unsupported embedding dimension", 400,
+            [ErrorDetail("embedding.model", "UNSUPPORTED_DIMENSION",
+                         f"{model} produces {dimension}-d vectors; supported: {SUPPORTED_DIMENSIONS}")],
+        )
+    return provider, model, dimension
+
+
 @transaction.atomic
-def knowledge_base_create(*, principal: Principal, name: str, description: str = "") -> KnowledgeBase:
-    """创建知识库，默认 enabled。"""
+def knowledge_base_create(
+    *,
+    principal: Principal,
+    name: str,
+    description: str = "",
+    embedding: dict[str, str] | None = None,
+    chunking: dict[str, Any] | None = None,
+) -> KnowledgeBase:
+    """创建知识库，默认 enabled；embedding 模型与维度在此确定且此后不变。"""
+    from documents.options import chunking_options, options_dict
+
     authorize_global_write(principal)
-    kb = KnowledgeBase(name=name, description=description)
+    embedding = embedding or {}
+    provider, model, dimension = _resolve_embedding(embedding.get("provider"), embedding.get("model"))
+    kb = KnowledgeBase(
+        name=name, description=description, embedding_provider=provider, embedding_model=model,
+        embedding_dimension=dimension, chunking=options_dict(chunking_options(chunking or {})),
+    )
     _save_unique_name(kb, force_insert=True)
     logger.info("knowledge_base_created", knowledge_base_id=str(kb.id), name=name)
     return kb

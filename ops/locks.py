@@ -27,6 +27,17 @@ def advisory_lock(key: str) -> Iterator[bool]:
                 cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
 
 
+@contextmanager
+def any_advisory_lock(keys: list[str]) -> Iterator[str | None]:
+    """在一组锁中拿第一把空闲的（信号量）；全忙则产出 None。"""
+    for key in keys:
+        with advisory_lock(key) as acquired:
+            if acquired:
+                yield key
+                return
+    yield None
+
+
 def is_locked(key: str) -> bool:
     """探测锁当前是否被别的会话持有（拿到就立即释放）。"""
     with advisory_lock(key) as acquired:

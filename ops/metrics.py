@@ -31,6 +31,11 @@ HTTP_DURATION = Histogram(
     "http_request_duration_seconds", "HTTP 请求耗时（秒）", ["method", "endpoint"], buckets=HTTP_BUCKETS
 )
 DOCUMENT_INGESTION = Counter("document_ingestion_total", "文档摄取结果计数", ["status"])
+INGEST_STAGE_SECONDS = Histogram(
+    "ingestion_stage_duration_seconds", "文档摄取各阶段耗时（秒）", ["stage"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0),
+)
+INGEST_RETRIES = Counter("ingestion_retries_total", "文档摄取因暂时性失败而自动重试的次数")
 CLEANUP_TASKS = Counter("cleanup_tasks_total", "知识库清理任务结束计数", ["status"])
 CLEANUP_RETRIES = Counter("cleanup_task_retries_total", "清理任务自动重试次数")
 STALE_TASKS_REQUEUED = Counter("stale_tasks_requeued_total", "孤儿任务被重新入队的次数", ["kind"])

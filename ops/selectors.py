@@ -71,7 +71,17 @@ def check_worker() -> CheckResult:
     return CheckResult("worker", True, f"{len(clusters)} cluster(s), {workers} worker process(es)")
 
 
-READINESS_CHECKS = (check_database, check_pgvector, check_migrations, check_worker)
+def check_models() -> CheckResult:
+    """默认 embedding 模型能加载（首次调用时加载并常驻本进程），并列出本进程已加载的模型。"""
+    from search.embedders import default_embedder
+    from search.providers.embedding import loaded_embedding_models
+
+    default_embedder()
+    loaded = ", ".join(f"{m['provider']}:{m['model']} ({m['dimension']}-d)" for m in loaded_embedding_models())
+    return CheckResult("models", True, f"embedding: {loaded}")
+
+
+READINESS_CHECKS = (check_database, check_pgvector, check_migrations, check_worker, check_models)
 
 
 def readiness() -> list[CheckResult]:

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from documents.models import Document
 from knowledge.cleanup import lock_key
 from knowledge.models import CleanupTask
 from ops import metrics
@@ -50,7 +51,47 @@ def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:
     return requeued
 
 
+def reap_stale_documents(*, stale_after: timedelta) -> list[str]:
+    """处理中途 worker 死掉的文档：重新入队（计为一次新尝试），尝试用尽则置为失败。
+
+    只看“已经开始过”（stage 非空）的文档：排队等待 worker 的文档同样无人持锁，但它们没有死。
+    """
+    from django_q.tasks import async_task
+
+    cutoff = timezone.now() - stale_after
+    candidates = Document.objects.filter(updated_at__lt=cutoff).exclude(stage="").filter(
+        Q(status=Document.Status.PROCESSING) | Q(reindex_status=Document.Reindex.RUNNING)
+    )
+    handled = []
+    for document in candidates:
+        if is_locked(f"ingest:{document.id}"):
+            continue
+        attempt = document.attempts + 1
+        metrics.STALE_TASKS_REQUEUED.labels(kind="ingestion").inc()
+        if attempt > settings.INGEST_MAX_RETRIES + 1:
+            message = (f"The worker processing this document stopped unexpectedly during "
+                       f"'{document.stage}' ({document.attempts} attempts); giving up")
+            if document.status == Document.Status.PROCESSING:
+                Document.objects.filter(pk=document.pk).update(
+                    status=Document.Status.FAILED, error_message=message, stage="", updated_at=timezone.now())
+            else:
+                Document.objects.filter(pk=document.pk).update(
+                    reindex_status=Document.Reindex.FAILED, stage="", updated_at=timezone.now(),
+                    error_message=f"Re-indexing failed; the previous chunks are still served. {message}")
+            metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
+            logger.error("stale_document_failed", document_id=str(document.id), stage=document.stage)
+        else:
+            Document.objects.filter(pk=document.pk).update(stage="", updated_at=timezone.now())
+            async_task("documents.tasks.run_ingestion", str(document.id), attempt=attempt,
+                       request_id=document.request_id or None)
+            logger.warning("stale_document_requeued", document_id=str(document.id), attempt=attempt)
+        handled.append(str(document.id))
+    return handled
+
+
 def reap_stale_tasks() -> None:
     """django-q2 每分钟调度的入口。"""
     with task_context("reap_stale_tasks", None):
-        requeue_stale_cleanups(stale_after=timedelta(seconds=settings.STALE_TASK_SECONDS))
+        stale_after = timedelta(seconds=settings.STALE_TASK_SECONDS)
+        requeue_stale_cleanups(stale_after=stale_after)
+        reap_stale_documents(stale_after=stale_after)

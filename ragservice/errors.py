@@ -47,6 +47,7 @@ class ErrorCode:
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     RATE_LIMITED = "RATE_LIMITED"
+    DOCUMENT_BUSY = "DOCUMENT_BUSY"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,14 @@ class ApplicationError(Exception):
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
+
+
+def not_found(code: str, resource: str, field_name: str, resource_id: object) -> ApplicationError:
+    """资源不存在的 404（存在性校验），如 ``not_found(DOCUMENT_NOT_FOUND, "Document", "document_id", x)``。"""
+    return ApplicationError(
+        code, f"{resource} with id '{resource_id}' not found", 404,
+        [ErrorDetail(field_name, "NOT_FOUND", "Resource does not exist")],
+    )
 
 
 def error_body(code: str, message: str, details: Sequence[ErrorDetail] = ()) -> dict[str, Any]:

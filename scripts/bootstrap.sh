@@ -18,6 +18,23 @@ find_python() {
     return 1
 }
 
+# 系统依赖：tesseract OCR（含简体中文模型）。缺了也能运行（OCR 回退到 rapidocr 或跳过），
+# 但测试与完整功能需要它；只有 root 才自动安装
+APT_PACKAGES=(tesseract-ocr tesseract-ocr-chi-sim)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "[bootstrap] apt-get install ${missing[*]}" >&2
+        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >&2
+    else
+        echo "[bootstrap] 警告：缺少系统包 ${missing[*]}（请用 apt-get 安装）" >&2
+    fi
+fi
+
 if [[ ! -x .venv/bin/python ]]; then
     PYTHON="$(find_python)"
     echo "[bootstrap] 创建虚拟环境 .venv（$PYTHON）" >&2

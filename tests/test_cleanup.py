@@ -116,7 +116,7 @@ def test_three_automatic_retries_with_backoff_then_failed_then_manual_retry(
         task.refresh_from_db()
         assert task.status == "running" and task.attempts == attempt
         assert f"Attempt {attempt} failed" in task.error_message and "read-only" in task.error_message
-        schedule = Schedule.objects.get(name=f"cleanup-retry:{task.id}:{attempt + 1}")
+        schedule = Schedule.objects.get(name__startswith=f"cleanup-retry:{task.id}:{attempt + 1}:")
         assert schedule.schedule_type == Schedule.ONCE
         assert timedelta(seconds=delay - 5) < schedule.next_run - started < timedelta(seconds=delay + 30)
         assert task.next_retry_at == schedule.next_run

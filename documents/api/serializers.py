@@ -1,0 +1,90 @@
+"""文档 API 的输入输出序列化器。"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rest_framework import serializers
+
+from documents.models import Document
+from ragservice.api import PageQuerySerializer, StrictSerializer
+
+
+class _JsonObjectField(serializers.Field):
+    """multipart 表单里的 JSON 对象字段（字符串形式）。"""
+
+    default_error_messages = {"invalid": "Must be a JSON object."}
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict):
+            return data
+        try:
+            value = json.loads(data)
+        except (TypeError, ValueError):
+            self.fail("invalid")
+        if not isinstance(value, dict):
+            self.fail("invalid")
+        return value
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class DocumentMetadataField(_JsonObjectField):
+    """title/domain/category 为字符串，tags 为字符串列表，其余自由键须是 JSON 标量或列表。"""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        errors = []
+        for key in ("title", "domain", "category"):
+            if key in value and not isinstance(value[key], str):
+                errors.append(f"'{key}' must be a string")
+        tags = value.get("tags")
+        if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+            errors.append("'tags' must be a list of strings")
+        if len(json.dumps(value, ensure_ascii=False)) > 16_384:
+            errors.append("metadata must be at most 16 KiB of JSON")
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+class DocumentUploadSerializer(StrictSerializer):
+    file = serializers.FileField(allow_empty_file=True, help_text="文档文件（multipart 字段 file）")
+    metadata = DocumentMetadataField(required=False, help_text='JSON 对象，如 {"title": "…", "tags": ["招标"]}')
+    chunking = _JsonObjectField(required=False, help_text='覆盖知识库的分块参数，如 {"strategy": "semantic"}')
+
+
+class DocumentListQuerySerializer(PageQuerySerializer):
+    status = serializers.CharField(required=False)
+
+    def validate_status(self, value: str) -> list[str]:
+        statuses = [s.strip() for s in value.split(",") if s.strip()]
+        invalid = [s for s in statuses if s not in Document.Status.values]
+        if invalid or not statuses:
+            raise serializers.ValidationError(
+                f"Unknown status {', '.join(invalid) or value!r}; expected processing, completed, failed or deleted."
+            )
+        return statuses
+
+
+class DocumentAcceptedSerializer(serializers.Serializer):
+    document_id = serializers.UUIDField()
+    knowledge_base_id = serializers.UUIDField()
+    filename = serializers.CharField()
+    status = serializers.CharField()
+
+
+class DocumentSerializer(serializers.ModelSerializer):
+    knowledge_base_id = serializers.UUIDField()
+    error_message = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Document
+        fields = ["id", "knowledge_base_id", "filename", "status", "error_message", "chunk_count", "created_at",
+                  "updated_at", "metadata", "format", "size_bytes", "ocr_skipped", "ocr_engine", "stage_timings",
+                  "stage", "attempts", "next_retry_at", "reindex_status", "finished_at"]
+
+    def get_error_message(self, obj: Document) -> str | None:
+        return obj.error_message or None

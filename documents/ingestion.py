@@ -1,0 +1,404 @@
+"""文档摄取流水线：parse（含 OCR）→ chunk → embed → store。
+
+每一步是一个小函数，输入输出都是明确的数据类，单独计时、记日志（带请求 ID）。
+整体约束：
+- 一个文档的全部分块与 ``status=completed``、``chunk_count`` 在同一个事务里出现；
+  任何失败都不会留下本次尝试的分块（重新索引时旧分块保持可检索，直到新分块提交）。
+- 同一文档同一时刻只有一个执行者（advisory lock）；全局最多 RAG_INGEST_CONCURRENCY 个文档并行。
+- 暂时性失败（模型熔断、数据库连接）按退避自动重试；永久性失败（损坏、加密、空文件）立即失败。
+- 超过 RAG_INGEST_TIMEOUT 即失败；worker 死掉由回收器（ops.tasks）接手，文档终会进入终态。
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from documents.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
+from documents.models import Document, DocumentChunk
+from documents.options import chunking_options
+from documents.parsing import ParsedDocument, ParseError, get_ocr_engine, parse_document
+from knowledge.models import KnowledgeBase
+from ops import metrics
+from ops.locks import advisory_lock, any_advisory_lock
+from ops.retry import backoff_seconds, schedule_task
+from search.embedders import embedder
+from search.providers.breaker import CircuitOpenError
+from search.providers.embedding import EmbeddingError, EmbeddingProvider
+
+logger = structlog.get_logger(__name__)
+
+INGEST_TASK_FUNC = "documents.tasks.run_ingestion"
+# 拿不到并发名额时，多久后再来（不计入尝试次数）
+SLOT_RETRY_SECONDS = 10
+SLOT_WAIT_SECONDS = 20.0
+# 每次送去 embedding 的文本数：两次之间检查超时并刷新心跳
+EMBED_SLICE = 256
+
+STAGE_WORDS = {
+    "parse": "Parsing the file",
+    "chunk": "Splitting the text into chunks",
+    "embed": "Computing embeddings",
+    "store": "Saving chunks to the database",
+}
+
+
+class IngestionFailure(Exception):
+    """带阶段与“是否暂时性”的失败；message 写给维护者看。"""
+
+    def __init__(self, stage: str, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+        self.transient = transient
+
+
+class DocumentGone(Exception):
+    """处理期间文档被删除或所属知识库被删除：放弃本次结果，不算失败。"""
+
+
+@dataclass
+class Run:
+    """一次摄取尝试的上下文。"""
+
+    document: Document
+    kb: KnowledgeBase
+    attempt: int
+    reindex: bool
+    deadline: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def timings_ms(self) -> dict[str, float]:
+        return {f"{name}_ms": round(seconds * 1000, 1) for name, seconds in self.timings.items()}
+
+    def check_deadline(self, stage: str) -> None:
+        if time.monotonic() > self.deadline:
+            raise IngestionFailure(
+                stage,
+                f"{STAGE_WORDS[stage]} exceeded the time limit of {settings.INGEST_TIMEOUT} s (RAG_INGEST_TIMEOUT)",
+                transient=False,
+            )
+
+    def heartbeat(self, stage: str) -> None:
+        """记录当前阶段并刷新 updated_at：回收器据此判断任务是否还活着。"""
+        Document.objects.filter(pk=self.document.pk).update(stage=stage, updated_at=timezone.now())
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.check_deadline(name)
+        self.heartbeat(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.timings[name] = self.timings.get(name, 0.0) + elapsed
+            metrics.INGEST_STAGE_SECONDS.labels(stage=name).observe(elapsed)
+            logger.info("ingest_stage", stage=name, duration_ms=round(elapsed * 1000, 1))
+
+
+# ---------------------------------------------------------------- 各阶段
+
+
+class _TimedOcr:
+    """包住 OCR 引擎，累计识别耗时，便于把 OCR 从解析耗时里单独列出。"""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.seconds = 0.0
+
+    def recognize(self, image: bytes) -> str:
+        started = time.perf_counter()
+        try:
+            return str(self.engine.recognize(image))
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def parse_step(run: Run) -> ParsedDocument:
+    """解析原始文件（需要时 OCR）。"""
+    path = Path(settings.DATA_DIR) / run.document.stored_path
+    if not path.exists():
+        raise IngestionFailure("parse", "The original file is missing from the data directory", transient=False)
+    engine = get_ocr_engine(settings.OCR_ENGINE)
+    ocr = _TimedOcr(engine) if engine is not None else None
+    with run.stage("parse"):
+        try:
+            parsed = parse_document(path, filename=run.document.filename, ocr=ocr)
+        except ParseError as exc:
+            raise IngestionFailure("parse", str(exc), transient=not exc.permanent) from exc
+    if ocr is not None and ocr.seconds:
+        run.timings["ocr"] = ocr.seconds
+        run.timings["parse"] -= ocr.seconds
+    return parsed
+
+
+def chunk_step(run: Run, parsed: ParsedDocument, provider: EmbeddingProvider) -> list[ChunkDraft]:
+    """按知识库默认与本文档覆盖的参数分块。"""
+    options: ChunkingOptions = chunking_options(run.kb.chunking, run.document.chunking)
+    tokenizer = Tokenizer.load(settings.TOKENIZER or None)
+    embed = provider.embed_documents if options.strategy == "semantic" else None
+    with run.stage("chunk"):
+        drafts = chunk_text(parsed.markdown, options, tokenizer=tokenizer, embed=embed)
+    if not drafts:
+        raise IngestionFailure("chunk", "The document contains no text to index", transient=False)
+    return drafts
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvider) -> list[np.ndarray | None]:
+    """为可检索的分块计算向量；重新索引时文本没变的分块复用已有向量（同一模型）。"""
+    reusable: dict[str, Any] = dict(
+        DocumentChunk.objects.filter(document=run.document, embedding_dim=run.kb.embedding_dimension)
+        .exclude(text_hash="")
+        .values_list("text_hash", "embedding")
+    ) if run.reindex else {}
+    vectors: list[np.ndarray | None] = [None] * len(drafts)
+    pending: list[int] = []
+    for index, draft in enumerate(drafts):
+        if draft.role == "parent":
+            continue
+        cached = reusable.get(text_hash(draft.text))
+        if cached is not None:
+            vectors[index] = np.asarray(cached, dtype=np.float32)
+        else:
+            pending.append(index)
+    with run.stage("embed"):
+        for start in range(0, len(pending), EMBED_SLICE):
+            run.check_deadline("embed")
+            batch = pending[start : start + EMBED_SLICE]
+            matrix = provider.embed_documents([drafts[i].text for i in batch])
+            for row, index in zip(matrix, batch, strict=True):
+                vectors[index] = row
+            run.heartbeat("embed")
+    logger.info("ingest_embedded", computed=len(pending), reused=sum(v is not None for v in vectors) - len(pending))
+    return vectors
+
+
+def _locations(parsed: ParsedDocument) -> tuple[list[int], list[dict[str, Any]]]:
+    """段落在 markdown 中的起始偏移及其位置信息（页 / 工作表 / 幻灯片）。"""
+    starts, places, offset = [], [], 0
+    for segment in parsed.segments:
+        starts.append(offset)
+        place = {k: v for k, v in (("page", segment.page), ("sheet", segment.sheet), ("slide", segment.slide))
+                 if v is not None}
+        places.append(place)
+        offset += len(segment.text) + 2  # 段落之间以 "\n\n" 连接
+    return starts, places
+
+
+def _vector_literal(vector: np.ndarray | None) -> str | None:
+    if vector is None:
+        return None
+    return "[" + ",".join(f"{x:.7g}" for x in vector.tolist()) + "]"
+
+
+def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
+               vectors: Sequence[np.ndarray | None], ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
+    """COPY 用的行。每个分块的元数据 = 文档元数据 + 文件名、序号、标题路径、位置、字符偏移。"""
+    starts, places = _locations(parsed)
+    now = timezone.now()
+    dim = run.kb.embedding_dimension
+    for index, (draft, vector) in enumerate(zip(drafts, vectors, strict=True)):
+        place = places[max(bisect.bisect_right(starts, draft.start) - 1, 0)] if starts else {}
+        metadata = {
+            **run.document.metadata,
+            "filename": run.document.filename,
+            "chunk_index": index,
+            "heading_path": list(draft.heading_path),
+            **place,
+            "char_start": draft.start,
+            "char_end": draft.end,
+            "role": draft.role,
+            "created_at": now.isoformat(),
+        }
+        parent_id = ids[draft.parent] if draft.parent is not None else None
+        yield (
+            ids[index], run.kb.id, run.document.id, index, draft.text, json.dumps(metadata, ensure_ascii=False),
+            _vector_literal(vector), dim if vector is not None else None, draft.role, parent_id,
+            draft.token_count, text_hash(draft.text), now,
+        )
+
+
+_COPY_SQL = (
+    "COPY document_chunks (id, knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding, "
+    "embedding_dim, role, parent_id, token_count, text_hash, created_at) FROM STDIN"
+)
+
+
+def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
+               vectors: Sequence[np.ndarray | None]) -> int:
+    """一个事务：替换分块（COPY 批量写入）并把文档置为 completed。"""
+    with run.stage("store"), transaction.atomic():
+        # FOR SHARE：与知识库删除（FOR UPDATE）互斥，但不同文档的提交互不阻塞
+        kb = KnowledgeBase.objects.raw("SELECT * FROM knowledge_bases WHERE id = %s FOR SHARE", [run.kb.pk])[0]
+        document = Document.objects.select_for_update().get(pk=run.document.pk)
+        if kb.is_deleted or document.status == Document.Status.DELETED:
+            raise DocumentGone()
+        DocumentChunk.objects.filter(document=document).delete()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT nextval(pg_get_serial_sequence('document_chunks', 'id')) FROM generate_series(1, %s)",
+                [len(drafts)],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            with cursor.cursor.copy(_COPY_SQL) as copy:
+                for row in build_rows(run, parsed, drafts, vectors, ids):
+                    copy.write_row(row)
+        document.status = Document.Status.COMPLETED
+        document.chunk_count = len(drafts)
+        document.ocr_skipped = parsed.ocr_skipped
+        document.ocr_engine = parsed.ocr_engine or ""
+        document.stage_timings = run.timings_ms()
+        document.error_message = ""
+        document.reindex_status = ""
+        document.stage = ""
+        document.next_retry_at = None
+        document.finished_at = timezone.now()
+        document.save()
+    return len(drafts)
+
+
+# ---------------------------------------------------------------- 编排与失败处理
+
+
+def _classify(stage: str, exc: BaseException) -> IngestionFailure:
+    """把异常翻译成维护者看得懂的失败；暂时性的会自动重试。"""
+    if isinstance(exc, IngestionFailure):
+        return exc
+    if isinstance(exc, CircuitOpenError):
+        return IngestionFailure(stage, f"The embedding model is unavailable (circuit breaker open): {exc}",
+                                transient=True)
+    if isinstance(exc, EmbeddingError):
+        return IngestionFailure(stage, f"The embedding model failed: {exc}", transient=exc.transient)
+    if isinstance(exc, OperationalError | InterfaceError):
+        return IngestionFailure(stage, f"Database connection problem: {exc}", transient=True)
+    if isinstance(exc, DatabaseError):
+        return IngestionFailure(stage, f"Database error: {exc}", transient=False)
+    return IngestionFailure(stage, f"Unexpected error ({type(exc).__name__}): {exc}", transient=False)
+
+
+def _fail_or_retry(document_id: Any, attempt: int, failure: IngestionFailure, reindex: bool) -> None:
+    with transaction.atomic():
+        document = Document.objects.select_for_update().get(pk=document_id)
+        if document.status == Document.Status.DELETED:
+            return
+        words = f"{STAGE_WORDS.get(failure.stage, failure.stage)} failed: {failure.message}"
+        if failure.transient and attempt <= settings.INGEST_MAX_RETRIES:
+            delay = backoff_seconds(settings.INGEST_RETRY_BASE_SECONDS, attempt)
+            document.next_retry_at = schedule_task(
+                INGEST_TASK_FUNC, str(document.id), attempt=attempt + 1, delay_seconds=delay,
+                request_id=document.request_id, label="ingest-retry")
+            document.error_message = f"{words} (attempt {attempt}; retrying in {delay} s)"[:4000]
+            document.stage = ""
+            document.save(update_fields=["next_retry_at", "error_message", "stage", "updated_at"])
+            metrics.INGEST_RETRIES.inc()
+            logger.warning("ingest_retry_scheduled", stage=failure.stage, error=failure.message, delay_s=delay)
+            return
+        if failure.transient:
+            words += f" (gave up after {attempt} attempts)"
+        if reindex:
+            # 重新索引失败：旧分块保持可检索，文档仍是 completed
+            words = f"Re-indexing failed; the previous chunks are still served. {words}"
+            document.reindex_status = Document.Reindex.FAILED
+        else:
+            document.status = Document.Status.FAILED
+        document.error_message = words[:4000]
+        document.stage = ""
+        document.next_retry_at = None
+        document.finished_at = timezone.now()
+        document.save()
+    metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
+    logger.error("ingest_failed", stage=failure.stage, error=failure.message, reindex=reindex)
+
+
+def _begin(document_id: Any, attempt: int) -> Run | None:
+    """判定这次投递是否该执行，并把文档标记为运行中。"""
+    document = Document.objects.select_related("knowledge_base").filter(pk=document_id).first()
+    if document is None:
+        return None
+    reindex = document.status == Document.Status.COMPLETED and document.reindex_status in (
+        Document.Reindex.QUEUED, Document.Reindex.RUNNING)
+    if document.status != Document.Status.PROCESSING and not reindex:
+        logger.info("ingest_skipped_finished", status=document.status)
+        return None
+    if attempt < document.attempts:
+        logger.info("ingest_skipped_stale_attempt", current_attempt=document.attempts)
+        return None
+    document.attempts = attempt
+    document.next_retry_at = None
+    if reindex:
+        document.reindex_status = Document.Reindex.RUNNING
+    document.save(update_fields=["attempts", "next_retry_at", "reindex_status", "updated_at"])
+    return Run(document=document, kb=document.knowledge_base, attempt=attempt, reindex=reindex,
+               deadline=time.monotonic() + settings.INGEST_TIMEOUT)
+
+
+def _execute(run: Run) -> None:
+    stage = "parse"
+    try:
+        if run.kb.is_deleted:
+            raise DocumentGone()
+        provider = embedder(run.kb.embedding_provider, run.kb.embedding_model)
+        parsed = parse_step(run)
+        stage = "chunk"
+        drafts = chunk_step(run, parsed, provider)
+        stage = "embed"
+        vectors = embed_step(run, drafts, provider)
+        stage = "store"
+        run.check_deadline("store")
+        count = store_step(run, parsed, drafts, vectors)
+    except DocumentGone:
+        Document.objects.filter(pk=run.document.pk).update(stage="")
+        logger.info("ingest_abandoned_document_gone")
+        return
+    except Exception as exc:
+        _fail_or_retry(run.document.pk, run.attempt, _classify(stage, exc), run.reindex)
+        return
+    # store 阶段自身的耗时要等事务提交后才知道，单独补写
+    Document.objects.filter(pk=run.document.pk).update(stage_timings=run.timings_ms())
+    metrics.DOCUMENT_INGESTION.labels(status="completed").inc()
+    logger.info("ingest_completed", chunks=count, reindex=run.reindex, timings_ms=run.timings_ms())
+
+
+def ingest_document(*, document_id: Any, attempt: int) -> None:
+    """执行（或跳过）一次摄取尝试。重复投递、过期尝试、已删除的文档都会被安全忽略。"""
+    with advisory_lock(f"ingest:{document_id}") as acquired:
+        if not acquired:
+            logger.info("ingest_skipped_busy")
+            return
+        slots = [f"ingest-slot:{i}" for i in range(settings.INGEST_CONCURRENCY)]
+        waited_until = time.monotonic() + SLOT_WAIT_SECONDS
+        while True:
+            with any_advisory_lock(slots) as slot:
+                if slot is not None:
+                    run = _begin(document_id, attempt)
+                    if run is not None:
+                        _execute(run)
+                    return
+            if time.monotonic() > waited_until:
+                break
+            time.sleep(0.5)
+    # 并发名额已满：稍后再来，不占着 worker 干等
+    logger.info("ingest_deferred_no_slot", retry_in_s=SLOT_RETRY_SECONDS)
+    document = Document.objects.filter(pk=document_id).first()
+    if document is not None:
+        schedule_task(INGEST_TASK_FUNC, str(document_id), attempt=attempt, delay_seconds=SLOT_RETRY_SECONDS,
+                      request_id=document.request_id, label="ingest-slot")

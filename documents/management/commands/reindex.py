@@ -1,0 +1,78 @@
+"""manage.py reindex：在当前进程内重新索引一个文档或整个知识库，显示进度。"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from documents import services
+from documents.ingestion import ingest_document
+from documents.models import Document
+from knowledge.selectors import parse_uuid
+from ops.auth import SYSTEM_PRINCIPAL
+from ops.context import task_context
+from ragservice.errors import ApplicationError
+
+
+class Command(BaseCommand):
+    help = "重新索引文档（--document）或知识库下全部已完成/失败的文档（--kb）；旧分块在新分块提交前保持可检索。"
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--kb", metavar="KB_ID", help="知识库 id")
+        target.add_argument("--document", metavar="DOCUMENT_ID", help="文档 id")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["document"]:
+            ids = [options["document"]]
+        else:
+            kb_id = parse_uuid(options["kb"])
+            ids = list(Document.objects.filter(
+                knowledge_base_id=kb_id, status__in=[Document.Status.COMPLETED, Document.Status.FAILED]
+            ).order_by("created_at").values_list("id", flat=True)) if kb_id else []
+            if not ids:
+                raise CommandError(f"no completed or failed documents in knowledge base {options['kb']!r}")
+        stop = {"requested": False}
+
+        def request_stop(signum: int, frame: Any) -> None:
+            stop["requested"] = True  # 当前文档做完再停，不留半截状态
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        failures = 0
+        started = time.monotonic()
+        for done, document_id in enumerate(ids, start=1):
+            if stop["requested"]:
+                self.stderr.write("收到停止信号，已中止")
+                break
+            failures += not self._reindex_one(str(document_id))
+            self._progress(done, len(ids), started)
+        self.stdout.write("")
+        self.stdout.write(f"完成：{len(ids) - failures} 成功，{failures} 失败")
+        if failures:
+            sys.exit(1)
+
+    def _reindex_one(self, document_id: str) -> bool:
+        try:
+            services.document_reindex(principal=SYSTEM_PRINCIPAL, document_id=document_id, queue=False)
+        except ApplicationError as exc:
+            self.stderr.write(f"\n{document_id}: {exc.message}")
+            return False
+        with task_context("reindex-command", None, document_id=document_id):
+            ingest_document(document_id=parse_uuid(document_id), attempt=1)
+        document = Document.objects.get(pk=document_id)
+        ok = document.status == Document.Status.COMPLETED and not document.reindex_status
+        if not ok:
+            self.stderr.write(f"\n{document.filename}: {document.error_message}")
+        return ok
+
+    def _progress(self, done: int, total: int, started: float) -> None:
+        width = 30
+        filled = int(width * done / total)
+        rate = done / max(time.monotonic() - started, 1e-6)
+        self.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {rate:.2f} 文档/秒", ending="")
+        self.stdout.flush()

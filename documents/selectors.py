@@ -1,0 +1,49 @@
+"""文档的读取。"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from documents.models import Document
+from knowledge.models import KnowledgeBase
+from knowledge.selectors import knowledge_base_fetch, parse_uuid
+from ops.auth import Principal, authorize_knowledge_base
+from ragservice.errors import ApplicationError, ErrorCode, not_found
+
+
+def document_not_found(document_id: object) -> ApplicationError:
+    return not_found(ErrorCode.DOCUMENT_NOT_FOUND, "Document", "document_id", document_id)
+
+
+def document_fetch(*, document_id: str | uuid.UUID, for_update: bool = False) -> Document:
+    """按 id 取文档（含墓碑），从未存在抛 404 DOCUMENT_NOT_FOUND。"""
+    parsed = parse_uuid(document_id)
+    queryset = Document.objects.select_related("knowledge_base")
+    if for_update:
+        queryset = queryset.select_for_update(of=("self",))
+    document = queryset.filter(pk=parsed).first() if parsed else None
+    if document is None:
+        raise document_not_found(document_id)
+    return document
+
+
+def document_get(*, principal: Principal, document_id: str | uuid.UUID) -> Document:
+    """详情：墓碑（deleted）也返回，便于调用方区分“已删除”与“从未存在”。"""
+    document = document_fetch(document_id=document_id)
+    authorize_knowledge_base(principal, document.knowledge_base_id, write=False)
+    return document
+
+
+def document_list(
+    *, principal: Principal, kb_id: str | uuid.UUID, page: int, page_size: int, statuses: Sequence[str] | None
+) -> tuple[KnowledgeBase, list[Document], int]:
+    """某知识库下的文档分页列表（已删除的知识库也可查看，供审计）。"""
+    kb = knowledge_base_fetch(kb_id=kb_id)
+    authorize_knowledge_base(principal, kb.id, write=False)
+    queryset = Document.objects.filter(knowledge_base=kb)
+    if statuses:
+        queryset = queryset.filter(status__in=list(statuses))
+    total = queryset.count()
+    offset = (page - 1) * page_size
+    return kb, list(queryset.order_by("-created_at", "id")[offset : offset + page_size]), total

@@ -1,0 +1,14 @@
+"""django-q2 任务入口：只接收 id，可重复执行。"""
+
+from __future__ import annotations
+
+import uuid
+
+from documents.ingestion import ingest_document
+from ops.context import task_context
+
+
+def run_ingestion(document_id: str, attempt: int = 1, request_id: str | None = None) -> None:
+    """摄取（或重新索引）一个文档。"""
+    with task_context("ingest", request_id, document_id=document_id, attempt=attempt):
+        ingest_document(document_id=uuid.UUID(document_id), attempt=attempt)

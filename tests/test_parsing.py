@@ -1,0 +1,663 @@
+"""文档解析层测试：真实样例文件（shared/data/fixtures）的内容断言、OCR 引擎、编码、格式识别与错误。
+
+- 断言的是“解析出了什么”（正文、表格、OCR 文字、页码/工作表/幻灯片位置），不只是“没报错”；
+- 两个 OCR 引擎各自单独测（未安装则跳过），引擎按模块复用，避免重复加载模型；
+- 不需要数据库；样例目录不存在时，依赖样例的测试跳过，其余照常运行。
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from documents.parsing import (
+    SUPPORTED_EXTENSIONS,
+    OcrEngine,
+    ParsedDocument,
+    ParseError,
+    RapidOcrEngine,
+    Segment,
+    TesseractEngine,
+    UnsupportedFormatError,
+    detect_format,
+    get_ocr_engine,
+    ocr_available,
+    parse_document,
+)
+from documents.parsing import ocr as ocr_module
+from documents.parsing.text import decode_text
+
+FIXTURES = Path(settings.BASE_DIR).parent / "shared" / "data" / "fixtures"
+
+ZH_SAMPLE = "中文测试，招标文件第一章 总则"
+ZH_SAMPLE_TRADITIONAL = "中文測試，招標文件第一章 總則"
+
+
+# ---------------------------------------------------------------- 夹具与工具
+
+
+@pytest.fixture(scope="module")
+def fixtures() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.skip(f"fixture directory {FIXTURES} is not available")
+    return FIXTURES
+
+
+@pytest.fixture(scope="module")
+def rapidocr() -> OcrEngine:
+    if not RapidOcrEngine.available():
+        pytest.skip("rapidocr (with its models) is not installed")
+    engine = get_ocr_engine("rapidocr")
+    assert engine is not None
+    return engine
+
+
+@pytest.fixture(scope="module")
+def tesseract() -> OcrEngine:
+    if not TesseractEngine.available():
+        pytest.skip("tesseract with chi_sim is not installed (apt: tesseract-ocr tesseract-ocr-chi-sim)")
+    engine = get_ocr_engine("tesseract")
+    assert engine is not None
+    return engine
+
+
+class FakeOcr:
+    """假的 OCR 引擎：记录每次收到的图片，返回固定文字。用来测“哪些图被送去识别、文字放在哪”。"""
+
+    name = "fake"
+
+    def __init__(self, text: str = "假图片文字") -> None:
+        self.text = text
+        self.images: list[bytes] = []
+
+    def recognize(self, image: bytes) -> str:
+        self.images.append(image)
+        return self.text
+
+
+class BrokenOcr:
+    """每次识别都抛异常的引擎（模拟 onnxruntime 崩溃）。"""
+
+    name = "broken"
+
+    def recognize(self, image: bytes) -> str:
+        raise RuntimeError("engine crashed")
+
+
+@pytest.fixture(scope="module")
+def ocr_image(fixtures: Path) -> bytes:
+    """样例 DOCX 里内嵌的图片（JPEG，含“横向文本框 / 竖向文本框 / English text”）。"""
+    with zipfile.ZipFile(fixtures / "zh" / "chatchat_ocr_test.docx") as archive:
+        return archive.read("word/media/image1.jpeg")
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def parse(path: Path, ocr: OcrEngine | None = None, filename: str | None = None) -> ParsedDocument:
+    return parse_document(path, filename=filename or path.name, ocr=ocr)
+
+
+def png_bytes(size: tuple[int, int], color: str = "white", draw: Callable[..., None] | None = None) -> bytes:
+    from PIL import Image, ImageDraw
+
+    picture = Image.new("RGB", size, color)
+    if draw is not None:
+        draw(ImageDraw.Draw(picture))
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def table_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+# ---------------------------------------------------------------- 手写 PDF（可选加密：标准安全处理器 R2 / RC4-40）
+
+_PDF_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
+
+
+def _rc4(key: bytes, data: bytes) -> bytes:
+    state = list(range(256))
+    j = 0
+    for i in range(256):
+        j = (j + state[i] + key[i % len(key)]) % 256
+        state[i], state[j] = state[j], state[i]
+    out = bytearray()
+    i = j = 0
+    for byte in data:
+        i = (i + 1) % 256
+        j = (j + state[i]) % 256
+        state[i], state[j] = state[j], state[i]
+        out.append(byte ^ state[(state[i] + state[j]) % 256])
+    return bytes(out)
+
+
+def make_pdf(page_texts: list[str], *, user: str | None = None, owner: str = "owner") -> bytes:
+    """手写一个带文字层的 PDF（每个字符串一页，空串是空白页）。
+
+    给了 ``user`` 就按 PDF 规范（标准安全处理器 R2，算法 3.1-3.4，RC4-40）真正加密：
+    user 非空表示需要打开密码，空串表示只有权限密码。
+    """
+
+    def padded(password: str) -> bytes:
+        return (password.encode("latin-1") + _PDF_PAD)[:32]
+
+    perms = -44
+    file_id = b"ragservice-test!"
+    key = b""
+    encrypt_entries = b""
+    if user is not None:
+        o_entry = _rc4(hashlib.md5(padded(owner)).digest()[:5], padded(user))
+        key = hashlib.md5(padded(user) + o_entry + struct.pack("<i", perms) + file_id).digest()[:5]
+        u_entry = _rc4(key, _PDF_PAD)
+        encrypt_entries = b"<< /Filter /Standard /V 1 /R 2 /O <%s> /U <%s> /P %d >>" % (
+            o_entry.hex().encode(), u_entry.hex().encode(), perms)
+
+    def stream(number: int, text: str) -> bytes:
+        data = f"BT /F1 14 Tf 72 700 Td ({text}) Tj ET".encode("latin-1") if text else b""
+        if key:
+            data = _rc4(hashlib.md5(key + number.to_bytes(3, "little") + b"\0\0").digest()[:10], data)
+        return b"<< /Length %d >>\nstream\n" % len(data) + data + b"\nendstream"
+
+    font_number = 3 + 2 * len(page_texts)
+    kids = b" ".join(b"%d 0 R" % (3 + 2 * index) for index in range(len(page_texts)))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, len(page_texts))]
+    for index, text in enumerate(page_texts):
+        page_number = 3 + 2 * index
+        objects.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R"
+                       b" /Resources << /Font << /F1 %d 0 R >> >> >>" % (page_number + 1, font_number))
+        objects.append(stream(page_number + 1, text))
+    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    trailer_extra = b""
+    if encrypt_entries:
+        objects.append(encrypt_entries)
+        trailer_extra = b" /Encrypt %d 0 R /ID [<%s> <%s>]" % (len(objects), file_id.hex().encode(),
+                                                               file_id.hex().encode())
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    for offset in offsets:
+        out += b"%010d 00000 n \n" % offset
+    out += b"trailer\n<< /Size %d /Root 1 0 R%s >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, trailer_extra, xref)
+    return bytes(out)
+
+
+def fake_ole(*stream_names: str) -> bytes:
+    """只含文件头与目录项名字的 OLE 复合文件片段（格式判定只看魔数与 UTF-16LE 流名）。"""
+    header = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 504
+    directory = b"".join(name.encode("utf-16-le").ljust(128, b"\0") for name in ("Root Entry", *stream_names))
+    return header + directory + b"\0" * 1024
+
+
+# ---------------------------------------------------------------- 公共类型
+
+
+def test_supported_extensions_and_markdown_join() -> None:
+    assert SUPPORTED_EXTENSIONS == (".pdf", ".docx", ".xlsx", ".xls", ".pptx", ".txt", ".md", ".markdown", ".html",
+                                    ".htm", ".png", ".jpg", ".jpeg", ".epub", ".msg")
+    parsed = ParsedDocument(segments=(Segment("第一页", page=1), Segment("第二页", page=2)), format="pdf",
+                            ocr_engine=None, ocr_images=0, ocr_skipped=False)
+    assert parsed.markdown == "第一页\n\n第二页"
+    with pytest.raises(AttributeError):
+        parsed.segments[0].text = "x"  # type: ignore[misc]
+    error = ParseError("boom", permanent=False)
+    assert error.permanent is False and ParseError("x").permanent is True
+
+
+# ---------------------------------------------------------------- 中文样例 + rapidocr
+
+
+def test_zh_docx_body_table_and_image_ocr(fixtures: Path, rapidocr: OcrEngine) -> None:
+    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.docx", rapidocr)
+    assert parsed.format == "docx"
+    assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == ("rapidocr", 1, False)
+    assert len(parsed.segments) == 1
+    text = parsed.markdown
+    assert text.startswith("我是文字")
+    assert "| 我是表格1 | 我是表格2 |" in table_rows(text)
+    assert "| 我是表格3 | 我是表格4 |" in table_rows(text)
+    # 图片中的横排、竖排中文与英文都识别出来，且放在图片原位置（表格之后）
+    for expected in ("横向文本框", "竖向文本框", "English text"):
+        assert expected in text
+    assert text.index("横向文本框") > text.index("我是表格4")
+    assert "base64" not in text
+
+
+def test_zh_pdf_text_layer_and_image_ocr(fixtures: Path, rapidocr: OcrEngine) -> None:
+    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.pdf", rapidocr)
+    assert parsed.format == "pdf"
+    assert [segment.page for segment in parsed.segments] == [1]
+    text = parsed.segments[0].text
+    assert text.startswith("我是文字")
+    for expected in ("横向文本框", "竖向文本框", "English text"):
+        assert expected in text
+    assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == ("rapidocr", 1, False)
+
+
+def test_zh_pptx_text_box_table_and_picture_ocr(fixtures: Path, rapidocr: OcrEngine) -> None:
+    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.pptx", rapidocr)
+    assert parsed.format == "pptx"
+    assert [segment.slide for segment in parsed.segments] == [1]
+    text = parsed.segments[0].text
+    assert "我是文字" in text
+    assert table_rows(text)[:2] == ["| 我是表格1 | 我是表格5 |", "| --- | --- |"]
+    assert "| 我是表格3 | 我是表格4 |" in table_rows(text)
+    assert "横向文本框" in text and "竖向文本框" in text
+    assert parsed.ocr_images == 1 and parsed.ocr_engine == "rapidocr"
+
+
+def test_image_files_png_and_jpg(tmp_path: Path, ocr_image: bytes, rapidocr: OcrEngine) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.open(io.BytesIO(ocr_image)).save(buffer, format="PNG")
+    png = write(tmp_path, "扫描件.png", buffer.getvalue())
+    parsed = parse(png, rapidocr)
+    assert parsed.format == "png" and parsed.ocr_images == 1
+    assert parsed.segments[0].text.splitlines() == ["横向文本框", "竖向文本框", "English text"]
+
+    jpg = parse(write(tmp_path, "photo.jpeg", ocr_image), rapidocr)
+    assert jpg.format == "jpg" and "横向文本框" in jpg.markdown
+    # 扩展名写成 .jpg、内容其实是 PNG：按内容认作 png
+    swapped = parse(write(tmp_path, "really-png.jpg", buffer.getvalue()), rapidocr)
+    assert swapped.format == "png"
+
+
+def test_scanned_pdf_page_is_rendered_and_ocred(tmp_path: Path, ocr_image: bytes, rapidocr: OcrEngine) -> None:
+    """没有文字层的 PDF（图片直接存成 PDF）：整页渲染后 OCR。"""
+    from PIL import Image
+
+    scanned = tmp_path / "scan.pdf"
+    Image.open(io.BytesIO(ocr_image)).save(scanned, format="PDF", resolution=100)
+    parsed = parse(scanned, rapidocr)
+    assert [segment.page for segment in parsed.segments] == [1]
+    assert "横向文本框" in parsed.markdown and "English text" in parsed.markdown
+    assert parsed.ocr_images == 1 and not parsed.ocr_skipped
+
+    with pytest.raises(ParseError, match="no OCR engine is available") as excinfo:
+        parse(scanned, None)
+    assert excinfo.value.permanent
+
+
+# ---------------------------------------------------------------- tesseract
+
+
+def test_tesseract_engine_on_image_and_pdf(fixtures: Path, ocr_image: bytes, tesseract: OcrEngine) -> None:
+    text = tesseract.recognize(ocr_image)
+    assert "横向文本框" in text and "English text" in text
+    # 汉字之间不应残留 tesseract 的分词空格
+    assert "横 向" not in text
+
+    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.pdf", tesseract)
+    assert parsed.ocr_engine == "tesseract" and parsed.ocr_images == 1
+    assert parsed.segments[0].text.startswith("我是文字")
+    assert "横向文本框" in parsed.markdown
+
+
+# ---------------------------------------------------------------- 没有 OCR 引擎 / 假引擎
+
+
+def test_without_ocr_images_are_skipped_but_text_is_kept(fixtures: Path) -> None:
+    docx = parse(fixtures / "zh" / "chatchat_ocr_test.docx", None)
+    assert (docx.ocr_engine, docx.ocr_images, docx.ocr_skipped) == (None, 0, True)
+    assert "我是文字" in docx.markdown and "| 我是表格1 | 我是表格2 |" in docx.markdown
+    assert "横向文本框" not in docx.markdown
+
+    pdf = parse(fixtures / "zh" / "chatchat_ocr_test.pdf", None)
+    assert pdf.ocr_skipped and pdf.segments == (Segment("我是文字", page=1),)
+
+    pptx = parse(fixtures / "zh" / "chatchat_ocr_test.pptx", None)
+    assert pptx.ocr_skipped and pptx.segments[0].slide == 1 and "我是表格5" in pptx.markdown
+
+    # 纯文字文档没有图片内容，不算跳过
+    assert not parse(fixtures / "en" / "markitdown_test.xlsx", None).ocr_skipped
+
+
+def test_image_file_without_ocr_is_a_permanent_error(tmp_path: Path, ocr_image: bytes) -> None:
+    with pytest.raises(ParseError, match="no OCR engine is available") as excinfo:
+        parse(write(tmp_path, "a.jpg", ocr_image), None)
+    assert excinfo.value.permanent
+
+
+def test_pptx_picture_text_lands_in_its_own_slide(fixtures: Path) -> None:
+    fake = FakeOcr("图片里的字")
+    parsed = parse(fixtures / "en" / "markitdown_test.pptx", fake)
+    assert [segment.slide for segment in parsed.segments] == [1, 2, 3, 4, 5, 6]
+    with_picture = [segment.slide for segment in parsed.segments if "图片里的字" in segment.text]
+    assert with_picture == [2, 6]
+    assert parsed.ocr_engine == "fake" and parsed.ocr_images == len(fake.images) == 2
+    slides = {segment.slide: segment.text for segment in parsed.segments}
+    assert slides[1].startswith("# AutoGen: Enabling Next-Gen LLM Applications")
+    assert "| 7 | 8 | 9 | 1b92870d-e3b5-4e65-8153-919f4ff45592 | 11 | 12 |" in slides[3]
+    assert "### Chart: a3f6004b-6f4f-4ea8-bee3-3741f4dc385f" in slides[4]
+    assert "This is a nested shape with content in 2 shapes" in slides[5]
+
+
+def test_small_and_blank_images_are_not_ocred(tmp_path: Path) -> None:
+    fake = FakeOcr()
+    for name, data in (("icon.png", png_bytes((20, 200))), ("blank.png", png_bytes((400, 300), "#eeeeee"))):
+        with pytest.raises(ParseError, match="OCR found no text"):
+            parse(write(tmp_path, name, data), fake)
+    assert fake.images == []
+    # 有内容的图照常识别
+    text_like = png_bytes((300, 100), draw=lambda canvas: canvas.rectangle((20, 30, 280, 60), fill="black"))
+    assert parse(write(tmp_path, "ok.png", text_like), fake).markdown == "假图片文字"
+    assert len(fake.images) == 1
+
+
+def test_ocr_engine_failure_degrades_gracefully(fixtures: Path, tmp_path: Path, ocr_image: bytes) -> None:
+    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.docx", BrokenOcr())
+    assert "我是文字" in parsed.markdown and parsed.ocr_images == 0
+    with pytest.raises(ParseError, match="OCR failed") as excinfo:
+        parse(write(tmp_path, "a.jpg", ocr_image), BrokenOcr())
+    assert excinfo.value.permanent is False
+
+
+def test_pdf_pages_are_numbered_and_blank_pages_dropped(tmp_path: Path) -> None:
+    fake = FakeOcr()
+    parsed = parse(write(tmp_path, "three.pdf", make_pdf(["Chapter one text", "", "Chapter three text"])), fake)
+    assert parsed.segments == (Segment("Chapter one text", page=1), Segment("Chapter three text", page=3))
+    # 空白页渲染出来是纯色，不送去识别，也不算“跳过了图片”
+    assert fake.images == [] and not parsed.ocr_skipped
+
+
+def test_blank_scan_has_no_text(tmp_path: Path) -> None:
+    from PIL import Image
+
+    scanned = tmp_path / "blank-scan.pdf"
+    Image.new("RGB", (850, 1100), "white").save(scanned, format="PDF", resolution=100)
+    fake = FakeOcr()
+    with pytest.raises(ParseError, match="No text could be extracted"):
+        parse(scanned, fake)
+    assert fake.images == []
+
+
+def test_xlsx_embedded_image_and_empty_sheet(tmp_path: Path, ocr_image: bytes) -> None:
+    import openpyxl
+    from openpyxl.drawing.image import Image as SheetImage
+
+    workbook = openpyxl.Workbook()
+    prices = workbook.active
+    prices.title = "报价"
+    prices.append(["项目", "金额"])
+    prices.append(["设备", 100])
+    prices.append([None, 5])
+    figures = workbook.create_sheet("附图")
+    figures["A1"] = "见下图"
+    figures.add_image(SheetImage(io.BytesIO(ocr_image)), "B2")
+    workbook.create_sheet("空表")
+    path = tmp_path / "book.xlsx"
+    workbook.save(path)
+
+    fake = FakeOcr("图中文字")
+    parsed = parse(path, fake)
+    assert [segment.sheet for segment in parsed.segments] == ["报价", "附图"]
+    assert table_rows(parsed.segments[0].text) == ["| 项目 | 金额 |", "| --- | --- |", "| 设备 | 100 |", "|  | 5 |"]
+    assert "见下图" in parsed.segments[1].text and "图中文字" in parsed.segments[1].text
+    assert parsed.ocr_images == len(fake.images) == 1
+
+
+# ---------------------------------------------------------------- 英文样例
+
+
+def test_en_docx_headings_and_table(fixtures: Path) -> None:
+    parsed = parse(fixtures / "en" / "markitdown_test.docx", None)
+    text = parsed.markdown
+    assert text.startswith("AutoGen: Enabling Next-Gen LLM Applications via Multi-Agent Conversation")
+    assert "# Abstract" in text.splitlines() and "# Introduction" in text.splitlines()
+    assert "## d666f1f7-46cb-42bd-9a39-9a39cf2a509f" in text
+    assert "| 13 | 14 | 49e168b7-d2ae-407f-a055-2167576f39a1 | 15 | 16 | 17 |" in table_rows(text)
+    assert "314b0a30-5b04-470b-b9f7-eed2c2bec74a" in text
+    # 文档里有一张截图：没有 OCR 引擎 → 记为跳过
+    assert parsed.ocr_skipped and "base64" not in text
+
+
+# pandas 提示 xlrd 引擎将来会移除：XLS 目前只能走它（markitdown 的实现），提示本身不影响结果
+@pytest.mark.filterwarnings("ignore:The xlrd engine is deprecated")
+@pytest.mark.parametrize("name", ["markitdown_test.xlsx", "markitdown_test.xls"])
+def test_spreadsheet_one_segment_per_sheet(fixtures: Path, name: str) -> None:
+    parsed = parse(fixtures / "en" / name, None)
+    assert parsed.format == name.rsplit(".", 1)[1]
+    assert [segment.sheet for segment in parsed.segments] == ["Sheet1", "09060124-b5e7-4717-9d07-3c046eb"]
+    first, second = (segment.text for segment in parsed.segments)
+    assert first.startswith("## Sheet1\n\n| Alpha | Beta | Gamma | Delta |")
+    assert "| 58 | 6ff4173b-42a5-4784-9b19-f49caff4d93d | 22 | 9 |" in table_rows(first)
+    assert len(table_rows(first)) == 2 + 23
+    assert "| 13 | 14 | 15 | affc7dad-52dc-4b98-9b5d-51e65d8a8ad0 |" in table_rows(second)
+    assert "affc7dad" not in first and "NaN" not in parsed.markdown
+
+
+def test_en_pdf_text_on_page_one(fixtures: Path) -> None:
+    parsed = parse(fixtures / "en" / "markitdown_test.pdf", FakeOcr())
+    assert [segment.page for segment in parsed.segments] == [1]
+    text = parsed.segments[0].text
+    assert "Large language models (LLMs) are becoming a crucial building block" in text
+    assert "multi-agent conversations" in text
+    # 纯文字 PDF 不触发 OCR
+    assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == (None, 0, False)
+
+
+def test_zh_html_headings_and_table(fixtures: Path) -> None:
+    parsed = parse(fixtures / "zh" / "ragflow_html.sample.zh.html", None)
+    assert parsed.format == "html"
+    lines = parsed.markdown.splitlines()
+    assert lines[0] == "# 产品指南"
+    assert "## 使用条款" in lines
+    assert table_rows(parsed.markdown) == ["| 姓名 | 年龄 |", "| --- | --- |", "| 张三 | 30 |", "| 李四 | 25 |"]
+    assert "欢迎使用我们的智能助手，它能帮你快速完成任务。" in lines
+
+
+def test_wikipedia_html_keeps_article_and_drops_navigation(fixtures: Path) -> None:
+    text = parse(fixtures / "en" / "markitdown_test_wikipedia.html", None).markdown
+    assert text.startswith("# Microsoft")
+    assert "## History" in text.splitlines() and "### 1972\u20131985: Founding" in text.splitlines()
+    assert "**Microsoft Corporation** is an American [multinational corporation]" in text
+    # 154 种语言的跳转列表、脚本都不应进入正文
+    assert "Afrikaans" not in text and "function(" not in text and "RLQ=window.RLQ" not in text
+
+
+# ---------------------------------------------------------------- 编码
+
+
+@pytest.mark.parametrize(("encoding", "sample"), [
+    ("utf-8", ZH_SAMPLE),
+    ("utf-8-sig", ZH_SAMPLE),
+    ("utf-16", ZH_SAMPLE),
+    ("gbk", ZH_SAMPLE),
+    ("gb18030", ZH_SAMPLE + "𠀀"),
+    ("big5", ZH_SAMPLE_TRADITIONAL),
+    ("gbk", ZH_SAMPLE_TRADITIONAL),
+    ("gbk", "总则"),
+    ("big5", "總則"),
+])
+def test_txt_encodings(tmp_path: Path, encoding: str, sample: str) -> None:
+    parsed = parse(write(tmp_path, "notice.txt", f"{sample}\r\n第二行".encode(encoding)))
+    assert parsed.format == "txt"
+    assert parsed.markdown == f"{sample}\n第二行"
+
+
+def test_other_encodings_are_not_forced_into_chinese() -> None:
+    assert decode_text("Hello café naïve".encode("cp1252")) == "Hello café naïve"
+    assert decode_text("한국어 텍스트입니다. 테스트입니다.".encode("euc-kr")) == "한국어 텍스트입니다. 테스트입니다."
+
+
+def test_markdown_is_kept_verbatim(tmp_path: Path) -> None:
+    source = "# 招标公告\n\n- 第一条\n- 第二条\n\n| 项目 | 金额 |\n| --- | --- |\n| 设备 | 100 |"
+    parsed = parse(write(tmp_path, "公告.md", source.encode("gbk")))
+    assert parsed.format == "markdown" and parsed.markdown == source
+
+
+def test_html_in_gbk_with_and_without_meta_charset(tmp_path: Path) -> None:
+    body = (f"<h1>招标文件</h1><p>{ZH_SAMPLE}</p>"
+            "<table><tr><th>项目</th><th>金额</th></tr><tr><td>设备</td><td>100</td></tr></table>")
+    meta = '<meta http-equiv="Content-Type" content="text/html; charset=gb2312">'
+    with_meta = f"<html><head>{meta}</head><body>{body}</body></html>"
+    for name, html in (("meta.html", with_meta), ("plain.htm", f"<html><body>{body}</body></html>")):
+        text = parse(write(tmp_path, name, html.encode("gbk"))).markdown
+        assert text.splitlines()[0] == "# 招标文件"
+        assert ZH_SAMPLE in text and "| 设备 | 100 |" in text
+
+
+# ---------------------------------------------------------------- 格式识别（扩展名 + 内容）
+
+
+def test_detect_format_by_extension_and_content(fixtures: Path) -> None:
+    def head(relative: str) -> bytes:
+        return (fixtures / relative).read_bytes()[:8192]
+
+    assert detect_format(head("zh/chatchat_ocr_test.docx"), "a.DOCX") == "docx"
+    assert detect_format(head("zh/chatchat_ocr_test.pdf"), "a.pdf") == "pdf"
+    assert detect_format(head("en/markitdown_test.pptx"), "a.pptx") == "pptx"
+    assert detect_format(head("en/markitdown_test.xlsx"), "a.xlsx") == "xlsx"
+    assert detect_format(head("en/markitdown_test.xls"), "a.xls") == "xls"
+    assert detect_format(head("zh/ragflow_html.sample.zh.html"), "a.htm") == "html"
+    assert detect_format("# 标题".encode(), "a.markdown") == "markdown"
+    # 同一家族内按内容纠正：.xls 里其实是 xlsx 或网页导出的 HTML
+    assert detect_format(head("en/markitdown_test.xlsx"), "export.xls") == "xlsx"
+    assert detect_format(b"<html><body><table><tr><td>1</td></tr></table></body></html>", "export.xls") == "html"
+    # 空文件按扩展名放行，解析时再报“文件为空”
+    assert detect_format(b"", "empty.pdf") == "pdf"
+
+
+@pytest.mark.parametrize(("relative", "fmt", "expected"), [
+    ("en/markitdown_test.epub", "epub", ["Test EPUB Document", "Test Author"]),
+    ("en/markitdown_test_outlook_msg.msg", "msg", ["Test Email Message", "test.sender@example.com",
+                                                   "This is the body of the test email message"]),
+])
+def test_epub_and_outlook_fixtures(fixtures: Path, relative: str, fmt: str, expected: list[str]) -> None:
+    """EPUB 与 .msg：按内容识别，正文与元数据都在。"""
+    path = fixtures / relative
+    assert detect_format(path.read_bytes()[:8192], path.name) == fmt
+    parsed = parse(path)
+    assert parsed.format == fmt
+    for text in expected:
+        assert text in parsed.markdown
+
+
+def test_renamed_binaries_are_rejected(tmp_path: Path, fixtures: Path) -> None:
+    png = png_bytes((64, 64))
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.writestr("hello.txt", "hi")
+    cases = [
+        (png, "x.txt", "PNG image"),
+        (b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 4, "notes.txt", "ELF executable"),
+        (bytes(range(256)) * 16, "x.pdf", "binary data"),
+        (png, "x.pdf", "PNG image"),
+        (zipped.getvalue(), "x.docx", "ZIP archive"),
+        ((fixtures / "en" / "markitdown_test.xlsx").read_bytes(), "report.docx", "Excel workbook"),
+        ((fixtures / "zh" / "chatchat_ocr_test.pdf").read_bytes(), "scan.png", "PDF document"),
+        (fake_ole("WordDocument"), "old.docx", "legacy Word 97-2003 document"),
+        (b"MZ\x90\x00" + b"\x00" * 60 + b"This program cannot be run in DOS mode", "setup.txt", "Windows executable"),
+    ]
+    for data, name, looks_like in cases:
+        with pytest.raises(UnsupportedFormatError, match=looks_like):
+            detect_format(data[:8192], name)
+        with pytest.raises(UnsupportedFormatError):
+            parse(write(tmp_path, name, data))
+
+
+def test_unknown_extension_is_rejected() -> None:
+    with pytest.raises(UnsupportedFormatError, match=r"Unsupported file type '\.exe'"):
+        detect_format(b"\x7fELF", "tool.exe")
+
+
+# ---------------------------------------------------------------- 错误：加密、损坏、空文件
+
+
+def test_encrypted_pdf_is_a_permanent_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "secret.pdf", make_pdf(["Secret budget 2024"], user="user"))
+    with pytest.raises(ParseError, match=r"The PDF is encrypted \(password protected\)") as excinfo:
+        parse(path)
+    assert excinfo.value.permanent
+
+
+def test_pdf_with_only_owner_password_still_parses(tmp_path: Path) -> None:
+    """只有权限密码（打开密码为空）的 PDF 可以正常读出文字。"""
+    path = write(tmp_path, "restricted.pdf", make_pdf(["Secret budget 2024"], user=""))
+    assert parse(path).segments == (Segment("Secret budget 2024", page=1),)
+
+
+def test_encrypted_office_document(tmp_path: Path) -> None:
+    data = fake_ole("EncryptedPackage", "EncryptionInfo")
+    for name in ("locked.docx", "locked.xlsx", "locked.pptx", "locked.xls"):
+        assert detect_format(data, name) == name.rsplit(".", 1)[1]
+        with pytest.raises(ParseError, match=r"encrypted \(password protected\)") as excinfo:
+            parse(write(tmp_path, name, data))
+        assert excinfo.value.permanent and not isinstance(excinfo.value, UnsupportedFormatError)
+
+
+def test_truncated_docx_is_damaged(tmp_path: Path, fixtures: Path) -> None:
+    data = (fixtures / "zh" / "chatchat_ocr_test.docx").read_bytes()
+    path = write(tmp_path, "cut.docx", data[: len(data) // 2])
+    with pytest.raises(ParseError, match="damaged") as excinfo:
+        parse(path)
+    assert excinfo.value.permanent and not isinstance(excinfo.value, UnsupportedFormatError)
+
+
+def test_corrupt_pdf_and_xlsx(tmp_path: Path, fixtures: Path) -> None:
+    with pytest.raises(ParseError) as excinfo:
+        parse(write(tmp_path, "bad.pdf", b"%PDF-1.7\n" + bytes(range(256)) * 8))
+    assert excinfo.value.permanent
+    data = (fixtures / "en" / "markitdown_test.xlsx").read_bytes()
+    with pytest.raises(ParseError, match="damaged"):
+        parse(write(tmp_path, "cut.xlsx", data[:3000]))
+
+
+def test_empty_and_textless_files(tmp_path: Path) -> None:
+    for name in ("empty.pdf", "empty.txt", "empty.docx"):
+        with pytest.raises(ParseError, match=r"empty \(0 bytes\)") as excinfo:
+            parse(write(tmp_path, name, b""))
+        assert excinfo.value.permanent
+    with pytest.raises(ParseError, match="No text could be extracted"):
+        parse(write(tmp_path, "blank.txt", b" \r\n\t\n"))
+
+
+# ---------------------------------------------------------------- 引擎选择
+
+
+def test_get_ocr_engine_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert get_ocr_engine("none") is None
+    with pytest.raises(ValueError, match="Unknown OCR engine"):
+        get_ocr_engine("paddle")
+    availability = ocr_available()
+    assert set(availability) == {"rapidocr", "tesseract"}
+    auto = get_ocr_engine("auto")
+    if availability["rapidocr"]:
+        assert auto is not None and auto.name == "rapidocr" and auto is get_ocr_engine("rapidocr")
+    elif availability["tesseract"]:
+        assert auto is not None and auto.name == "tesseract"
+    else:
+        assert auto is None
+
+    warnings: list[tuple[str, dict[str, object]]] = []
+
+    class Recorder:
+        def warning(self, event: str, **fields: object) -> None:
+            warnings.append((event, fields))
+
+    monkeypatch.setattr(ocr_module, "logger", Recorder())
+    monkeypatch.setitem(ocr_module._availability, "rapidocr", False)
+    monkeypatch.setitem(ocr_module._availability, "tesseract", False)
+    monkeypatch.setattr(ocr_module, "_warned", set())
+    assert get_ocr_engine("tesseract") is None
+    assert get_ocr_engine("auto") is None
+    assert [event for event, _ in warnings] == ["ocr_engine_unavailable", "ocr_engine_unavailable"]
+    assert warnings[0][1]["requested"] == "tesseract"
