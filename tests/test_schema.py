@@ -16,6 +16,9 @@ EXPECTED = {
     "/knowledge_bases/{kb_id}": {"get", "patch", "delete"},
     "/cleanup_tasks/{task_id}": {"get"},
     "/cleanup_tasks/{task_id}/retry": {"post"},
+    "/knowledge_bases/{kb_id}/documents": {"get", "post"},
+    "/documents/{document_id}": {"get", "delete"},
+    "/documents/{document_id}/reindex": {"post"},
     "/health": {"get"},
     "/ready": {"get"},
 }

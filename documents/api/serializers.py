@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from documents.models import Document
 from ragservice.api import PageQuerySerializer, StrictSerializer
 
 
+@extend_schema_field(OpenApiTypes.STR)
 class _JsonObjectField(serializers.Field):
     """multipart 表单里的 JSON 对象字段（字符串形式）。"""
 

@@ -34,7 +34,9 @@ def recursive_split(
     if chunk_size <= 0 or not 0 <= overlap < chunk_size:
         raise ValueError(f"need chunk_size > 0 and 0 <= overlap < chunk_size, got {chunk_size}/{overlap}")
     spans: list[tuple[int, int]] = []
-    _split(text, 0, len(text), list(separators), chunk_size, overlap, spans)
+    # 先去掉全文首尾空白：去空白后不超过 chunk_size 的内容整体一块（需求 3.1）
+    first = skip_space(text, 0)
+    _split(text, first, trim_end(text, first, len(text)), list(separators), chunk_size, overlap, spans)
     result: list[tuple[int, int]] = []
     for start, end in spans:
         lo = skip_space(text, start, end)

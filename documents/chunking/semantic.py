@@ -32,11 +32,14 @@ def adjacent_similarities(vectors: np.ndarray | Sequence[Sequence[float]]) -> np
         raise ValueError(f"expected a 2-D array of vectors, got shape {matrix.shape}")
     if matrix.shape[0] < 2:
         return np.zeros(0, dtype=np.float64)
-    norms = np.linalg.norm(matrix, axis=1)
-    safe = np.where(norms > 0, norms, 1.0)
-    unit = matrix / safe[:, None]
+    # 先按每行最大绝对值缩放再求范数，避免极小/极大分量平方时下溢或上溢
+    scale = np.max(np.abs(matrix), axis=1)
+    zero = ~(scale > 0)
+    scaled = matrix / np.where(zero, 1.0, scale)[:, None]
+    norms = np.linalg.norm(scaled, axis=1)
+    unit = scaled / np.where(zero, 1.0, norms)[:, None]
     sims = np.einsum("ij,ij->i", unit[:-1], unit[1:])
-    sims[(norms[:-1] == 0) | (norms[1:] == 0)] = 0.0
+    sims[zero[:-1] | zero[1:]] = 0.0
     return np.clip(sims, -1.0, 1.0)
 
 
