@@ -68,3 +68,43 @@ def test_ready_reports_worker_presence(db, tmp_path, monkeypatch):
     checks = client.get("/ready")
     # 停止后心跳随缓存过期消失；这里只断言运行期间的结果
     assert checks.status_code in (200, 503)
+
+
+def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
+    """摄取进行到 embed 阶段时 SIGKILL worker：回收器重新入队，新 worker 完成，文档进入终态且分块完整。"""
+    import io
+
+    from documents.models import Document, DocumentChunk
+    from documents.services import document_upload
+
+    monkeypatch.setattr(Conf, "SYNC", False)
+    kb = kb_factory(chunking={"strategy": "token", "chunk_size": 64, "overlap": 0})
+    paragraph = "本项目为政务云平台建设项目，投标人须具备相应资质，投标文件应包括商务部分和技术部分。"
+    text = "\n\n".join(f"## 第{i}节\n\n{paragraph * 3}" for i in range(40))
+    upload = io.BytesIO(text.encode())
+    first = WorkerCluster(tmp_path / "worker1.log").start()
+    try:
+        document = document_upload(kb=kb, filename="big.md", upload=upload, metadata={}, chunking={})
+        wait_for(lambda: Document.objects.get(pk=document.pk).stage == "embed", timeout=120,
+                 interval=0.05, what="ingestion to reach the embed stage")
+        first.kill()
+    finally:
+        first.stop()
+    killed = Document.objects.get(pk=document.pk)
+    assert killed.status == "processing" and killed.stage == "embed", first.log()
+    assert not DocumentChunk.objects.filter(document=killed).exists()  # 半截结果从不可见
+
+    second = WorkerCluster(tmp_path / "worker2.log").start()
+    try:
+        from ops.tasks import reap_stale_documents
+
+        wait_for(lambda: reap_stale_documents(stale_after=timedelta(0)) == [str(document.pk)], timeout=30,
+                 what="reaper to requeue the orphaned document")
+        wait_for(lambda: Document.objects.get(pk=document.pk).status != "processing", timeout=180,
+                 what="ingestion to reach a terminal state")
+    finally:
+        second.stop()
+    done = Document.objects.get(pk=document.pk)
+    assert done.status == "completed", (done.error_message, second.log())
+    assert done.attempts == 2
+    assert done.chunk_count == DocumentChunk.objects.filter(document=done).count() > 20

@@ -38,7 +38,8 @@ class WorkerCluster:
         self.env = {
             **os.environ,
             "RAG_DATABASE_URL": test_database_url(),
-            "RAG_DATA_DIR": str(log_path.parent),
+            # 与测试进程（被夹具改过的）数据目录一致：上传的原始文件要能被 worker 读到
+            "RAG_DATA_DIR": str(settings.DATA_DIR),
             # 任务包由 SECRET_KEY 签名，web 与 worker 必须一致
             "RAG_SECRET_KEY": settings.SECRET_KEY,
             "RAG_QUEUE_SYNC": "false",

@@ -14,7 +14,7 @@
     5 TOKEN      任意 token 边界（不切开组合字符 / ZWJ 序列）
 
 选择规则：窗口 = 从块起点起最多 ``budget`` 个 token（切分点必须在新内容之后）。窗口内有标题就在
-最靠后的标题前切（块不跨进下一节，哪怕因此偏小）；否则先在窗口后半段（至少填满一半）按优先级找
+最靠后的标题前切（块不跨进下一节，哪怕因此偏小；连续几个标题时切在这一串之前）；否则先在窗口后半段（至少填满一半）按优先级找
 最靠后的 1-4 级切分点，后半段没有时再在整个窗口里找；仍没有才退到 token 边界。
 表格行、代码行、标题行内部的 3/4/5 级切分点只在别无选择时使用（"不切开表格行"）。
 
@@ -89,6 +89,10 @@ class BreakIndex:
         paragraph: list[int] = []
         line_starts: list[int] = []
         after_heading: set[int] = set()
+        # 连续标题（中间只有空行）的第一个标题位置：在一串标题前切，而不是切在串中间留下空标题
+        self.heading_run_start: dict[int, int] = {}
+        heading_set = set(heading)
+        run_start = -1
         previous: LineKind | None = None
         blank = False
         for line in layout.lines:
@@ -96,6 +100,10 @@ class BreakIndex:
             if kind is LineKind.BLANK:
                 blank = True
                 continue
+            if line.lead in heading_set:
+                if previous not in (LineKind.ATX_HEADING, LineKind.SETEXT_UNDERLINE):
+                    run_start = line.lead
+                self.heading_run_start[line.lead] = run_start
             if previous in (LineKind.ATX_HEADING, LineKind.SETEXT_UNDERLINE):
                 # 标题与其后正文之间不切，免得标题孤零零挂在上一块末尾
                 after_heading.add(line.lead)
@@ -217,7 +225,11 @@ class TokenChunker:
         # 标题在整个窗口内都优先（哪怕块因此偏小），保证块不跨进下一节、heading_path 准确
         found = _latest(self.breaks.levels[HEADING], fresh, max_end)
         if found is not None:
-            return found, HEADING
+            run_start = self.breaks.heading_run_start.get(found, found)
+            if run_start > fresh:
+                return run_start, HEADING
+            # 块本身就从这串标题开始：串内不切，让标题带上后面的正文
+
         lows = (max(fill, fresh), fresh) if fill > fresh else (fresh,)
         for low in lows:
             for level in range(PARAGRAPH, TOKEN):
