@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from documents import services
 from documents.models import Document, DocumentChunk
 from ops.auth import SYSTEM_PRINCIPAL
-from ragservice.errors import ApplicationError
+from ragservice.admin_actions import apply_service
 
 
 class _ReadOnlyAdmin(admin.ModelAdmin):
@@ -36,21 +36,15 @@ class DocumentAdmin(_ReadOnlyAdmin):
 
     @admin.action(description="重新索引所选文档")
     def reindex(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
-        for document in queryset:
-            try:
-                services.document_reindex(principal=SYSTEM_PRINCIPAL, document_id=document.id)
-                self.message_user(request, f"{document.filename}: 已排队重新索引")
-            except ApplicationError as exc:
-                self.message_user(request, f"{document.filename}: {exc.message}", messages.WARNING)
+        apply_service(self, request, queryset,
+                      lambda d: services.document_reindex(principal=SYSTEM_PRINCIPAL, document_id=d.id),
+                      label=lambda d: d.filename, success=lambda d, _: f"{d.filename}: 已排队重新索引")
 
     @admin.action(description="删除所选文档（保留墓碑）")
     def soft_delete(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
-        for document in queryset:
-            try:
-                services.document_delete(principal=SYSTEM_PRINCIPAL, document_id=document.id)
-                self.message_user(request, f"{document.filename}: 已删除")
-            except ApplicationError as exc:
-                self.message_user(request, f"{document.filename}: {exc.message}", messages.WARNING)
+        apply_service(self, request, queryset,
+                      lambda d: services.document_delete(principal=SYSTEM_PRINCIPAL, document_id=d.id),
+                      label=lambda d: d.filename, success=lambda d, _: f"{d.filename}: 已删除")
 
 
 @admin.register(DocumentChunk)

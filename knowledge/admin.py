@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponseRedirect
 from knowledge import services
 from knowledge.models import CleanupTask, KnowledgeBase
 from ops.auth import SYSTEM_PRINCIPAL
+from ragservice.admin_actions import apply_service
 from ragservice.errors import ApplicationError
 
 
@@ -78,13 +79,12 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
         return super().response_change(request, obj)
 
     def _set_status(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase], status: str) -> None:
-        done = 0
-        for kb in queryset:
-            try:
-                services.knowledge_base_update(principal=SYSTEM_PRINCIPAL, kb_id=kb.id, changes={"status": status})
-                done += 1
-            except ApplicationError as exc:
-                self.message_user(request, f"{kb.name}: {exc.message}", messages.WARNING)
+        done = apply_service(
+            self, request, queryset,
+            lambda kb: services.knowledge_base_update(principal=SYSTEM_PRINCIPAL, kb_id=kb.id,
+                                                      changes={"status": status}),
+            label=lambda kb: kb.name, success=lambda kb, _: "",
+        )
         self.message_user(request, f"{done} 个知识库已设为 {status}")
 
     @admin.action(description="启用所选知识库")
@@ -97,12 +97,9 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
 
     @admin.action(description="删除所选知识库并异步清理")
     def soft_delete(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase]) -> None:
-        for kb in queryset:
-            try:
-                task = services.knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)
-                self.message_user(request, f"{kb.name}: 已删除，清理任务 {task.id}")
-            except ApplicationError as exc:
-                self.message_user(request, f"{kb.name}: {exc.message}", messages.WARNING)
+        apply_service(self, request, queryset,
+                      lambda kb: services.knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id),
+                      label=lambda kb: kb.name, success=lambda kb, task: f"{kb.name}: 已删除，清理任务 {task.id}")
 
 
 @admin.register(CleanupTask)
@@ -131,9 +128,6 @@ class CleanupTaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="重试所选失败任务")
     def retry(self, request: HttpRequest, queryset: QuerySet[CleanupTask]) -> None:
-        for task in queryset:
-            try:
-                services.cleanup_task_retry(principal=SYSTEM_PRINCIPAL, task_id=task.id)
-                self.message_user(request, f"任务 {task.id} 已重新排队")
-            except ApplicationError as exc:
-                self.message_user(request, f"任务 {task.id}: {exc.message}", messages.WARNING)
+        apply_service(self, request, queryset,
+                      lambda task: services.cleanup_task_retry(principal=SYSTEM_PRINCIPAL, task_id=task.id),
+                      label=lambda task: f"任务 {task.id}", success=lambda task, _: f"任务 {task.id} 已重新排队")

@@ -1,4 +1,4 @@
-"""API 层共用的小部件：严格的输入序列化器、分页参数、错误响应的 OpenAPI 描述。"""
+"""API 层与管理后台共用的小部件：严格的输入序列化器、分页参数、错误响应的 OpenAPI 描述。"""
 
 from __future__ import annotations
 
@@ -30,6 +30,17 @@ class PageQuerySerializer(StrictSerializer):
         if value > settings.MAX_PAGE_SIZE:
             raise serializers.ValidationError(f"Ensure this value is less than or equal to {settings.MAX_PAGE_SIZE}.")
         return value
+
+
+def parse_status_list(value: str, allowed: list[str]) -> list[str]:
+    """``status=a,b`` 形式的查询参数：逗号分隔，每个都必须是允许的状态。"""
+    statuses = [s.strip() for s in value.split(",") if s.strip()]
+    invalid = [s for s in statuses if s not in allowed]
+    if invalid or not statuses:
+        raise serializers.ValidationError(
+            f"Unknown status {', '.join(invalid) or value!r}; expected one or more of: {', '.join(allowed)}."
+        )
+    return statuses
 
 
 def page_response(serializer_class: type[serializers.Serializer], name: str) -> serializers.Serializer:

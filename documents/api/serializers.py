@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from documents.models import Document
-from ragservice.api import PageQuerySerializer, StrictSerializer
+from ragservice.api import PageQuerySerializer, StrictSerializer, parse_status_list
 
 
 @extend_schema_field(OpenApiTypes.STR)
@@ -63,13 +63,7 @@ class DocumentListQuerySerializer(PageQuerySerializer):
     status = serializers.CharField(required=False)
 
     def validate_status(self, value: str) -> list[str]:
-        statuses = [s.strip() for s in value.split(",") if s.strip()]
-        invalid = [s for s in statuses if s not in Document.Status.values]
-        if invalid or not statuses:
-            raise serializers.ValidationError(
-                f"Unknown status {', '.join(invalid) or value!r}; expected processing, completed, failed or deleted."
-            )
-        return statuses
+        return parse_status_list(value, Document.Status.values)
 
 
 class DocumentAcceptedSerializer(serializers.Serializer):

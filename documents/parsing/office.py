@@ -89,41 +89,31 @@ def _converter_classes() -> dict[str, Any]:
     """markitdown 导入较慢（会带上 pandas），延迟到第一次解析 Office 文件时再导入。"""
     from markitdown.converters import DocxConverter, PptxConverter, XlsConverter, XlsxConverter
 
-    class OcrDocxConverter(DocxConverter):  # type: ignore[misc]
-        def __init__(self, session: OcrSession) -> None:
-            super().__init__()
-            self.session = session
-            self.count = 0
+    def with_ocr(base: type, label: str) -> type:
+        """给 markitdown 的转换器装上 OCR：图片在原位置换成识别出的文字。"""
 
-        def _image_to_html(self, image_stream: BinaryIO, stream_info: Any, **kwargs: Any) -> str | None:
-            self.count += 1
-            return _ocr_fragment(self.session, image_stream, f"docx image {self.count}")
+        class OcrConverter(base):  # type: ignore[misc, valid-type]
+            def __init__(self, session: OcrSession) -> None:
+                super().__init__()
+                self.session = session
+                self.count = 0
 
-    class OcrPptxConverter(PptxConverter):  # type: ignore[misc]
-        def __init__(self, session: OcrSession) -> None:
-            super().__init__()
-            self.session = session
-            self.count = 0
+            def _image_to_html(self, image_stream: BinaryIO, stream_info: Any, **kwargs: Any) -> str | None:
+                self.count += 1
+                return _ocr_fragment(self.session, image_stream, f"{label} {self.count}")
 
-        def _image_to_html(self, image_stream: BinaryIO, stream_info: Any, **kwargs: Any) -> str | None:
-            self.count += 1
-            return _ocr_fragment(self.session, image_stream, f"pptx picture {self.count}")
-
-    class OcrXlsxConverter(XlsxConverter):  # type: ignore[misc]
-        def __init__(self, session: OcrSession) -> None:
-            super().__init__()
-            self.session = session
-            self.count = 0
-
-        def _image_to_html(self, image_stream: BinaryIO, stream_info: Any, **kwargs: Any) -> str | None:
-            self.count += 1
-            return _ocr_fragment(self.session, image_stream, f"xlsx image {self.count}")
+        return OcrConverter
 
     class PlainXlsConverter(XlsConverter):  # type: ignore[misc]
         def __init__(self, session: OcrSession) -> None:
             super().__init__()
 
-    return {"docx": OcrDocxConverter, "pptx": OcrPptxConverter, "xlsx": OcrXlsxConverter, "xls": PlainXlsConverter}
+    return {
+        "docx": with_ocr(DocxConverter, "docx image"),
+        "pptx": with_ocr(PptxConverter, "pptx picture"),
+        "xlsx": with_ocr(XlsxConverter, "xlsx image"),
+        "xls": PlainXlsConverter,
+    }
 
 
 def _is_encryption_error(exc: BaseException) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from knowledge.models import CleanupTask, KnowledgeBase
-from ragservice.api import PageQuerySerializer, StrictSerializer
+from ragservice.api import PageQuerySerializer, StrictSerializer, parse_status_list
 
 
 def _name_field(required: bool) -> serializers.CharField:
@@ -58,13 +58,7 @@ class KnowledgeBaseListQuerySerializer(PageQuerySerializer):
     status = serializers.CharField(required=False)
 
     def validate_status(self, value: str) -> list[str]:
-        statuses = [s.strip() for s in value.split(",") if s.strip()]
-        invalid = [s for s in statuses if s not in KnowledgeBase.Status.values]
-        if invalid or not statuses:
-            raise serializers.ValidationError(
-                f"Unknown status {', '.join(invalid) or value!r}; expected enabled, disabled or deleted."
-            )
-        return statuses
+        return parse_status_list(value, KnowledgeBase.Status.values)
 
 
 class KnowledgeBaseSerializer(serializers.ModelSerializer):
