@@ -249,8 +249,9 @@ def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
     with run.stage("store"), transaction.atomic():
         # FOR SHARE：与知识库删除（FOR UPDATE）互斥，但不同文档的提交互不阻塞
         kb = KnowledgeBase.objects.raw("SELECT * FROM knowledge_bases WHERE id = %s FOR SHARE", [run.kb.pk])[0]
-        document = Document.objects.select_for_update().get(pk=run.document.pk)
-        if kb.is_deleted or document.status == Document.Status.DELETED:
+        # 文档行可能已被知识库清理任务删掉
+        document = Document.objects.select_for_update().filter(pk=run.document.pk).first()
+        if kb.is_deleted or document is None or document.status == Document.Status.DELETED:
             raise DocumentGone()
         DocumentChunk.objects.filter(document=document).delete()
         with connection.cursor() as cursor:
@@ -297,8 +298,8 @@ def _classify(stage: str, exc: BaseException) -> IngestionFailure:
 
 def _fail_or_retry(document_id: Any, attempt: int, failure: IngestionFailure, reindex: bool) -> None:
     with transaction.atomic():
-        document = Document.objects.select_for_update().get(pk=document_id)
-        if document.status == Document.Status.DELETED:
+        document = Document.objects.select_for_update().filter(pk=document_id).first()
+        if document is None or document.status == Document.Status.DELETED:
             return
         words = f"{STAGE_WORDS.get(failure.stage, failure.stage)} failed: {failure.message}"
         if failure.transient and attempt <= settings.INGEST_MAX_RETRIES:

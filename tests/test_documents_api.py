@@ -347,3 +347,22 @@ def test_reaper_requeues_orphans_then_gives_up(kb_factory, settings, monkeypatch
     reap_stale_documents(stale_after=timedelta(minutes=5))
     orphan.refresh_from_db()
     assert orphan.status == "failed" and "stopped unexpectedly during 'parse'" in orphan.error_message
+
+
+def test_document_row_removed_by_cleanup_mid_ingestion(kb_factory, fake_embedder, monkeypatch, settings):
+    """知识库清理在摄取途中删掉了文档行：摄取安静地放弃，不报错、不留分块。"""
+    kb = kb_factory()
+    path = settings.DATA_DIR / "files" / "y.md"
+    path.parent.mkdir(parents=True)
+    path.write_text(BID_TEXT)
+    document = Document.objects.create(knowledge_base=kb, filename="y.md", stored_path="files/y.md")
+    real_embed = ingestion.embed_step
+
+    def embed_then_cleanup(run, drafts, provider):
+        vectors = real_embed(run, drafts, provider)
+        Document.objects.filter(pk=document.pk).delete()
+        return vectors
+
+    monkeypatch.setattr(ingestion, "embed_step", embed_then_cleanup)
+    ingestion.ingest_document(document_id=document.id, attempt=1)
+    assert not DocumentChunk.objects.exists() and not Document.objects.exists()
