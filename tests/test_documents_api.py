@@ -284,7 +284,9 @@ def test_time_limit_fails_the_document(client_rw, kb_factory, run_on_commit, fak
     assert "exceeded the time limit of 10 s (RAG_INGEST_TIMEOUT)" in document.error_message
 
 
-def test_knowledge_base_deleted_mid_ingestion_abandons_result(kb_factory, fake_embedder, monkeypatch, settings):
+@pytest.mark.parametrize("interference", ["kb-deleted", "document-row-removed"])
+def test_deletion_mid_ingestion_abandons_result(kb_factory, fake_embedder, monkeypatch, settings, interference):
+    """摄取途中知识库被删除，或文档行已被清理任务删掉：安静地放弃结果，不报错、不留分块。"""
     kb = kb_factory()
     path = settings.DATA_DIR / "files" / "x.md"
     path.parent.mkdir(parents=True)
@@ -292,14 +294,17 @@ def test_knowledge_base_deleted_mid_ingestion_abandons_result(kb_factory, fake_e
     document = Document.objects.create(knowledge_base=kb, filename="x.md", stored_path="files/x.md")
     real_embed = ingestion.embed_step
 
-    def embed_then_delete_kb(run, drafts, provider):
+    def embed_then_interfere(run, drafts, provider):
         vectors = real_embed(run, drafts, provider)
-        KnowledgeBase.objects.filter(pk=kb.pk).update(status="deleted")
+        if interference == "kb-deleted":
+            KnowledgeBase.objects.filter(pk=kb.pk).update(status="deleted")
+        else:
+            Document.objects.filter(pk=document.pk).delete()
         return vectors
 
-    monkeypatch.setattr(ingestion, "embed_step", embed_then_delete_kb)
+    monkeypatch.setattr(ingestion, "embed_step", embed_then_interfere)
     ingestion.ingest_document(document_id=document.id, attempt=1)
-    assert not DocumentChunk.objects.filter(document=document).exists()
+    assert not DocumentChunk.objects.exists()
 
 
 def test_concurrency_limit_defers_when_all_slots_are_taken(kb_factory, fake_embedder, settings, monkeypatch):
@@ -347,22 +352,3 @@ def test_reaper_requeues_orphans_then_gives_up(kb_factory, settings, monkeypatch
     reap_stale_documents(stale_after=timedelta(minutes=5))
     orphan.refresh_from_db()
     assert orphan.status == "failed" and "stopped unexpectedly during 'parse'" in orphan.error_message
-
-
-def test_document_row_removed_by_cleanup_mid_ingestion(kb_factory, fake_embedder, monkeypatch, settings):
-    """知识库清理在摄取途中删掉了文档行：摄取安静地放弃，不报错、不留分块。"""
-    kb = kb_factory()
-    path = settings.DATA_DIR / "files" / "y.md"
-    path.parent.mkdir(parents=True)
-    path.write_text(BID_TEXT)
-    document = Document.objects.create(knowledge_base=kb, filename="y.md", stored_path="files/y.md")
-    real_embed = ingestion.embed_step
-
-    def embed_then_cleanup(run, drafts, provider):
-        vectors = real_embed(run, drafts, provider)
-        Document.objects.filter(pk=document.pk).delete()
-        return vectors
-
-    monkeypatch.setattr(ingestion, "embed_step", embed_then_cleanup)
-    ingestion.ingest_document(document_id=document.id, attempt=1)
-    assert not DocumentChunk.objects.exists() and not Document.objects.exists()
