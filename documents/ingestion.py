@@ -172,12 +172,14 @@ def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvid
     ) if run.reindex else {}
     vectors: list[np.ndarray | None] = [None] * len(drafts)
     pending: list[int] = []
+    reused = 0
     for index, draft in enumerate(drafts):
         if draft.role == "parent":
             continue
         cached = reusable.get(text_hash(draft.text))
         if cached is not None:
             vectors[index] = np.asarray(cached, dtype=np.float32)
+            reused += 1
         else:
             pending.append(index)
     with run.stage("embed"):
@@ -188,7 +190,7 @@ def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvid
             for row, index in zip(matrix, batch, strict=True):
                 vectors[index] = row
             run.heartbeat("embed")
-    logger.info("ingest_embedded", computed=len(pending), reused=sum(v is not None for v in vectors) - len(pending))
+    logger.info("ingest_embedded", computed=len(pending), reused=reused)
     return vectors
 
 

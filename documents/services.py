@@ -14,7 +14,7 @@ from django.db import transaction
 from documents.ingestion import INGEST_TASK_FUNC
 from documents.models import Document
 from documents.options import chunking_options, options_dict
-from documents.parsing import SUPPORTED_EXTENSIONS, UnsupportedFormatError, detect_format
+from documents.parsing import UnsupportedFormatError, detect_format
 from documents.selectors import document_fetch
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_fetch, knowledge_base_unavailable
@@ -28,13 +28,11 @@ logger = structlog.get_logger(__name__)
 _HEAD_BYTES = 8192
 
 
-def unsupported_media_type(message: str) -> ApplicationError:
-    supported = ", ".join(ext.lstrip(".") for ext in SUPPORTED_EXTENSIONS)
+def unsupported_media_type(exc: UnsupportedFormatError) -> ApplicationError:
+    """解析层的判定结果原样转成 415：消息里已说明内容像什么，并列出支持的格式。"""
     return ApplicationError(
-        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-        f"{message}. Supported formats: {supported}",
-        415,
-        [ErrorDetail("file", "UNSUPPORTED_MEDIA_TYPE", f"Supported formats: {supported}")],
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE, str(exc), 415,
+        [ErrorDetail("file", "UNSUPPORTED_MEDIA_TYPE", f"Supported formats: {', '.join(exc.supported)}")],
     )
 
 
@@ -75,7 +73,7 @@ def document_upload(
     try:
         file_format = detect_format(head, filename)
     except UnsupportedFormatError as exc:
-        raise unsupported_media_type(str(exc).split(". Supported")[0]) from exc
+        raise unsupported_media_type(exc) from exc
     options = chunking_options(kb.chunking, chunking)
     document_id = uuid.uuid4()
     relative = Path("files") / str(kb.id) / f"{document_id}{Path(filename).suffix.lower()}"
