@@ -167,6 +167,9 @@ def test_concurrent_execution_is_prevented_by_lock(kb_factory):
         task.refresh_from_db()
         assert task.status == "pending"  # 另一个执行者持有锁：本次直接退出
     finally:
+        # 显式释放：仅关闭连接时，服务器端释放会话锁是异步的，紧接着的执行可能仍看到锁被占用
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [cleanup.lock_key(task.id)])
         other.close()
     run_cleanup(str(task.id))
     task.refresh_from_db()
