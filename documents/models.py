@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import uuid
 
-from django.contrib.postgres.indexes import OpClass
+from django.contrib.postgres.indexes import GinIndex, OpClass
+from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Cast
@@ -25,7 +26,7 @@ HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 
 
-def _hnsw_index(dim: int) -> HnswIndex:
+def hnsw_index(dim: int) -> HnswIndex:
     return HnswIndex(
         OpClass(Cast("embedding", VectorField(dimensions=dim)), name="vector_cosine_ops"),
         name=f"document_chunks_hnsw_{dim}",
@@ -127,6 +128,8 @@ class DocumentChunk(models.Model):
     token_count = models.PositiveIntegerField("token 数", default=0)
     # 文本的 SHA-256：重新索引时文本未变的分块直接复用旧向量
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
+    # 由 search.fulltext.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关
+    search_vector = SearchVectorField("全文索引", null=True, blank=True)
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
 
     class Meta:
@@ -145,7 +148,8 @@ class DocumentChunk(models.Model):
         indexes = [
             models.Index(fields=["knowledge_base"], name="document_chunks_kb_idx"),
             models.Index(fields=["parent"], name="document_chunks_parent_idx"),
-            *[_hnsw_index(dim) for dim in SUPPORTED_DIMENSIONS],
+            *[hnsw_index(dim) for dim in SUPPORTED_DIMENSIONS],
+            GinIndex(fields=["search_vector"], name="document_chunks_fts_gin"),
         ]
 
     def __str__(self) -> str:
