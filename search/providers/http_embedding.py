@@ -6,13 +6,17 @@
 - 其他 4xx → ``transient=False``，消息里带服务端的错误说明，``status`` 为状态码。
 
 维度在加载时发一条探测文本得到（``api="auto"`` 时顺便判断接口风格），之后每次响应都核对。
+
+:func:`post_json`、:class:`ThreadLocalSessions`、:func:`request_timeout` 与 :func:`auth_headers` 是
+通用的 JSON-over-HTTP 客户端部件，重排序的 http 提供方（:mod:`search.providers.rerank`）也用它们，
+两边的超时、鉴权与错误分类因此一致。
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import requests
@@ -39,13 +43,9 @@ class HttpEmbeddingProvider:
         self._base = config.url.rstrip("/")
         self._api = config.api
         self._batch_size = config.batch_size
-        self._timeout = (min(CONNECT_TIMEOUT, config.timeout), config.timeout)
+        self._timeout = request_timeout(config.timeout)
         self._query_instruction = config.query_instruction
-        self._headers = {"Accept": "application/json"}
-        if config.api_key:
-            self._headers["Authorization"] = f"Bearer {config.api_key}"
-        # requests.Session 不保证线程安全：每个线程一个，各自复用连接
-        self._local = threading.local()
+        self._sessions = ThreadLocalSessions(auth_headers(config.api_key))
         self.dimension = 0
         self.dimension = self._probe()
 
@@ -89,14 +89,6 @@ class HttpEmbeddingProvider:
             return f"{self._base}/embeddings"
         return f"{self._base}/v1/embeddings"
 
-    def _session(self) -> requests.Session:
-        session: requests.Session | None = getattr(self._local, "session", None)
-        if session is None:
-            session = requests.Session()
-            session.headers.update(self._headers)
-            self._local.session = session
-        return session
-
     def _embed_batch(self, texts: list[str]) -> np.ndarray[Any, Any]:
         if self._api == "tei":
             # truncate：超长输入由服务端截断，与本地模型的行为一致，而不是整批 413
@@ -118,23 +110,8 @@ class HttpEmbeddingProvider:
         return matrix
 
     def _post(self, payload: dict[str, Any]) -> Any:
-        url = self._endpoint()
-        try:
-            response = self._session().post(url, json=payload, timeout=self._timeout)
-        except requests.Timeout as exc:
-            raise EmbeddingError(f"embedding server timed out: {url}", transient=True) from exc
-        except requests.RequestException as exc:
-            raise EmbeddingError(f"embedding server unreachable: {url}: {exc}", transient=True) from exc
-        status = response.status_code
-        if status >= 400:
-            message = _server_message(response)
-            transient = status >= 500 or status in TRANSIENT_STATUSES
-            raise EmbeddingError(f"embedding server answered {status}: {message}", transient=transient,
-                                 status=status)
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise EmbeddingError(f"embedding server returned invalid JSON ({status})", transient=True) from exc
+        return post_json(self._sessions.get(), self._endpoint(), payload, timeout=self._timeout,
+                         service="embedding server", error=EmbeddingError)
 
 
 def _openai_rows(body: Any) -> list[Any]:
@@ -162,3 +139,65 @@ def _server_message(response: requests.Response) -> str:
         if body.get("message"):
             return str(body["message"])[:MAX_ERROR_CHARS]
     return (response.text or response.reason or "").strip()[:MAX_ERROR_CHARS]
+
+
+# ---------------------------------------------------------------- 通用部件（embedding 与 rerank 共用）
+
+
+class HttpErrorFactory(Protocol):
+    """构造提供方自己的异常类型，如 ``EmbeddingError(message, transient=..., status=...)``。"""
+
+    def __call__(self, message: str, *, transient: bool, status: int | None = None) -> Exception: ...
+
+
+def request_timeout(read_timeout: float) -> tuple[float, float]:
+    """requests 的 ``(连接超时, 读超时)``：连接最多等 :data:`CONNECT_TIMEOUT`，服务不在时尽快失败。"""
+    return (min(CONNECT_TIMEOUT, read_timeout), read_timeout)
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    """JSON 请求的公共头；有 key 时带 ``Authorization: Bearer``。"""
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+class ThreadLocalSessions:
+    """每个线程一个 ``requests.Session``（Session 不保证线程安全），各自复用连接。"""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self._headers = dict(headers)
+        self._local = threading.local()
+
+    def get(self) -> requests.Session:
+        """当前线程的 Session（首次调用时创建）。"""
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.headers.update(self._headers)
+            self._local.session = session
+        return session
+
+
+def post_json(session: requests.Session, url: str, payload: dict[str, Any], *, timeout: tuple[float, float],
+              service: str, error: HttpErrorFactory) -> Any:
+    """POST JSON 并返回解析后的响应体；失败时抛 ``error(...)``，分类见模块说明。
+
+    ``service`` 是错误消息的主语（如 "embedding server"），``error`` 决定抛出的异常类型。
+    """
+    try:
+        response = session.post(url, json=payload, timeout=timeout)
+    except requests.Timeout as exc:
+        raise error(f"{service} timed out: {url}", transient=True) from exc
+    except requests.RequestException as exc:
+        raise error(f"{service} unreachable: {url}: {exc}", transient=True) from exc
+    status = response.status_code
+    if status >= 400:
+        message = _server_message(response)
+        transient = status >= 500 or status in TRANSIENT_STATUSES
+        raise error(f"{service} answered {status}: {message}", transient=transient, status=status)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise error(f"{service} returned invalid JSON ({status})", transient=True) from exc
