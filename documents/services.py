@@ -17,7 +17,7 @@ from documents.options import chunking_options, options_dict
 from documents.parsing import UnsupportedFormatError, detect_format
 from documents.selectors import document_fetch
 from knowledge.models import KnowledgeBase
-from knowledge.selectors import knowledge_base_fetch, knowledge_base_unavailable
+from knowledge.selectors import knowledge_base_unavailable, usable_knowledge_base
 from ops.auth import Principal, authorize_knowledge_base
 from ops.context import current_request_id, enqueue
 from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
@@ -38,11 +38,7 @@ def unsupported_media_type(exc: UnsupportedFormatError) -> ApplicationError:
 
 def writable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID) -> KnowledgeBase:
     """上传前的三步校验：存在（404）→ 可用（403 UNAVAILABLE）→ 有写权限（403）。"""
-    kb = knowledge_base_fetch(kb_id=kb_id)
-    if not kb.is_enabled:
-        raise knowledge_base_unavailable(kb)
-    authorize_knowledge_base(principal, kb.id, write=True)
-    return kb
+    return usable_knowledge_base(principal=principal, kb_id=kb_id, write=True)
 
 
 def _store_upload(upload: IO[bytes], destination: Path) -> tuple[int, str]:

@@ -60,6 +60,15 @@ def knowledge_base_fetch(*, kb_id: str | uuid.UUID, for_update: bool = False) ->
     return kb
 
 
+def usable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID, write: bool) -> KnowledgeBase:
+    """上传、检索前的三步校验：存在（404）→ 可用（403 UNAVAILABLE）→ 权限（403）。"""
+    kb = knowledge_base_fetch(kb_id=kb_id)
+    if not kb.is_enabled:
+        raise knowledge_base_unavailable(kb)
+    authorize_knowledge_base(principal, kb.id, write=write)
+    return kb
+
+
 def knowledge_base_get(*, principal: Principal, kb_id: str | uuid.UUID) -> KnowledgeBase:
     """详情：已删除的知识库仍可查看（审计），只需读权限。"""
     kb = knowledge_base_fetch(kb_id=kb_id)

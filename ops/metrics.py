@@ -36,6 +36,17 @@ INGEST_STAGE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0),
 )
 INGEST_RETRIES = Counter("ingestion_retries_total", "文档摄取因暂时性失败而自动重试的次数")
+SEARCH_STAGE_SECONDS = Histogram(
+    "search_stage_duration_seconds", "检索各阶段耗时（秒）：embed、vector、fulltext、fuse、rerank、total", ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+SEARCH_REQUESTS = Counter("search_requests_total", "检索请求数（mode 为请求的检索方式）", ["mode"])
+SEARCH_DEGRADED = Counter(
+    "search_degraded_total",
+    "检索降级次数：fulltext-only（向量路不可用）、vector-only（全文路失败）、no-retrieval、rerank-unavailable",
+    ["reason"],
+)
+QUERY_EMBEDDING_CACHE = Counter("query_embedding_cache_requests_total", "查询向量缓存查找次数", ["result"])
 CLEANUP_TASKS = Counter("cleanup_tasks_total", "知识库清理任务结束计数", ["status"])
 CLEANUP_RETRIES = Counter("cleanup_task_retries_total", "清理任务自动重试次数")
 STALE_TASKS_REQUEUED = Counter("stale_tasks_requeued_total", "孤儿任务被重新入队的次数", ["kind"])

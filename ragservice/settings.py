@@ -231,6 +231,41 @@ EMBEDDING_DEVICE = env_str("RAG_EMBEDDING_DEVICE", "", "flag 提供方的设备�
 BREAKER_FAILURE_THRESHOLD = env_int("RAG_BREAKER_FAILURE_THRESHOLD", 5, "连续失败多少次后熔断", minimum=1)
 BREAKER_RESET_SECONDS = env_float("RAG_BREAKER_RESET_SECONDS", 30.0, "熔断后多久放行一次探测（秒）", minimum=0.1)
 
+# ---------------------------------------------------------------- 检索
+MAX_TOP_K = env_int("RAG_MAX_TOP_K", 20, "POST /search 的 top_k 上限（默认 top_k=5）", minimum=1)
+MAX_RERANK_CANDIDATES = env_int("RAG_MAX_RERANK_CANDIDATES", 100,
+                                "每路召回的候选数上限：min(top_k*3, 本值)", minimum=1)
+RRF_K = env_int("RAG_RRF_K", 60, "RRF 融合常数 k：score = Σ 1/(k + rank)", minimum=1)
+EXACT_SEARCH_MAX_CHUNKS = env_int(
+    "RAG_EXACT_SEARCH_MAX_CHUNKS", 20000,
+    "知识库可检索分块不超过此数时向量检索走精确扫描（召回 100%），更大的走 HNSW 迭代扫描", minimum=0)
+HNSW_MAX_SCAN_TUPLES = env_int("RAG_HNSW_MAX_SCAN_TUPLES", 20000,
+                               "HNSW 迭代扫描最多访问的元组数（hnsw.max_scan_tuples）", minimum=1)
+QUERY_EMBEDDING_CACHE_SIZE = env_int("RAG_QUERY_EMBEDDING_CACHE_SIZE", 1024,
+                                     "查询向量 LRU 缓存条数（0 关闭）", minimum=0)
+PARENT_WINDOW_CHARS = env_int("RAG_PARENT_WINDOW_CHARS", 2000,
+                              "父块超过此字符数时只返回命中子块周围的这么多字符", minimum=100)
+RERANK_PROVIDER = env_str("RAG_RERANK_PROVIDER", "flag",
+                          "重排序提供方：flag（FlagReranker/bge-reranker-v2-m3）、http（远程服务）、none（不重排）",
+                          choices=("flag", "http", "none"))
+RERANK_MODEL = env_str("RAG_RERANK_MODEL", "BAAI/bge-reranker-v2-m3",
+                       "重排序模型：flag 为 hub id 或本地目录，http 为发给服务端的模型名")
+RERANK_URL = env_str("RAG_RERANK_URL", "", "http 重排序服务地址，如 http://gpu-box:8081")
+RERANK_API = env_str("RAG_RERANK_API", "tei", "http 重排序接口风格：tei（/rerank）或 cohere（/v1/rerank，Jina 同）",
+                     choices=("tei", "cohere"))
+RERANK_API_KEY = env_str("RAG_RERANK_API_KEY", "", "http 重排序服务的 Bearer token")
+RERANK_DEVICE = env_str("RAG_RERANK_DEVICE", "", "flag 重排序的设备：空为有 GPU 用 cuda，否则 cpu")
+RERANK_BATCH_SIZE = env_int("RAG_RERANK_BATCH_SIZE", 32, "重排序批大小", minimum=1)
+RERANK_MAX_LENGTH = env_int("RAG_RERANK_MAX_LENGTH", 512, "重排序时 query+候选的最大 token 数", minimum=16)
+RERANK_TIMEOUT = env_float("RAG_RERANK_TIMEOUT", 2.0,
+                           "http 重排序单次请求超时（秒）；超时后重试，仍失败则按融合顺序返回", minimum=0.1)
+RERANK_RETRIES = env_int("RAG_RERANK_RETRIES", 2, "重排序失败后的重试次数", minimum=0)
+RERANK_BREAKER_FAILURES = env_int("RAG_RERANK_BREAKER_FAILURES", 3, "重排序连续失败多少次后熔断", minimum=1)
+RERANK_BREAKER_RESET_SECONDS = env_float("RAG_RERANK_BREAKER_RESET_SECONDS", 20.0,
+                                         "重排序熔断后多久放行一次探测（秒）", minimum=0.1)
+RERANK_CACHE_SIZE = env_int("RAG_RERANK_CACHE_SIZE", 1000, "重排序结果缓存条数（0 关闭）", minimum=0)
+RERANK_CACHE_TTL = env_int("RAG_RERANK_CACHE_TTL", 300, "重排序结果缓存有效期（秒）", minimum=1)
+
 CLEANUP_BATCH_SIZE = env_int("RAG_CLEANUP_BATCH_SIZE", 1000, "知识库清理每批删除的行数", minimum=1)
 CLEANUP_BATCH_PAUSE_MS = env_int("RAG_CLEANUP_BATCH_PAUSE_MS", 0, "清理批次之间的停顿毫秒数（限流）", minimum=0)
 CLEANUP_MAX_RETRIES = env_int("RAG_CLEANUP_MAX_RETRIES", 3, "清理失败后的自动重试次数", minimum=0)

@@ -6,6 +6,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from ops.views import HealthView, MetricsView, ReadyView
+from search.playground import playground
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="index"),
@@ -15,8 +16,10 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),
+    path("playground/", playground, name="search-playground"),
     path("", include("knowledge.api.urls")),
     path("", include("documents.api.urls")),
+    path("", include("search.api.urls")),
 ]
 
 handler400 = "ragservice.errors.handler400"

@@ -25,6 +25,21 @@ def _isolated_data_dir(settings: Any, tmp_path: Any) -> None:
     settings.DATA_DIR = tmp_path / "data"
 
 
+@pytest.fixture(autouse=True)
+def _no_reranker_download(settings: Any) -> None:
+    """默认的 bge-reranker-v2-m3 在这里无法下载；需要重排序的测试自己装假的或极小的模型。"""
+    settings.RERANK_PROVIDER = "none"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _short_lived_connections(django_db_blocker: Any) -> None:
+    """检索的向量路在线程池里用线程自己的数据库连接。测试里不复用连接（CONN_MAX_AGE=0），
+    每个检索任务结束就关闭，测试库才能在会话结束时被删除。"""
+    from django.db import connections
+
+    connections.settings["default"]["CONN_MAX_AGE"] = 0
+
+
 KeyFactory = Callable[..., APIClient]
 
 
@@ -119,9 +134,12 @@ class FakeEmbedder:
 
 @pytest.fixture
 def fake_embedder(monkeypatch: pytest.MonkeyPatch) -> FakeEmbedder:
-    """摄取流水线使用确定性的假 embedding（384 维），不加载真实模型。"""
+    """摄取与检索使用确定性的假 embedding（384 维），不加载真实模型。"""
     from documents import ingestion
+    from search import query_embeddings
 
     fake = FakeEmbedder()
     monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
+    monkeypatch.setattr(query_embeddings, "embedder", lambda provider, model: fake)
+    query_embeddings.clear_query_embeddings()
     return fake

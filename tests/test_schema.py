@@ -19,6 +19,7 @@ EXPECTED = {
     "/knowledge_bases/{kb_id}/documents": {"get", "post"},
     "/documents/{document_id}": {"get", "delete"},
     "/documents/{document_id}/reindex": {"post"},
+    "/search": {"post"},
     "/health": {"get"},
     "/ready": {"get"},
 }

@@ -1,0 +1,208 @@
+"""两路召回的 SQL：pgvector 余弦距离与 PostgreSQL 全文检索，以及命中分块的详情读取。
+
+两路共用同一个检索范围（:func:`_scope_sql`）：指定知识库、``completed`` 文档、可检索角色（普通块与子块，
+父块只用来回填上下文）、以及调用方的元数据过滤条件。
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+
+from documents.models import SUPPORTED_DIMENSIONS, Document
+from knowledge.models import KnowledgeBase
+from search.fulltext import ParsedQuery
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """元数据过滤：同一字段内多个值是“任一”，不同字段之间是“且”。"""
+
+    domains: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    tags_any: tuple[str, ...] = ()
+    tags_all: tuple[str, ...] = ()
+    document_ids: tuple[uuid.UUID, ...] = ()
+    filenames: tuple[str, ...] = ()
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """追加到 WHERE 的条件（以 AND 开头）与参数；分块元数据里复制了文档元数据与文件名。"""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for key, values in (("domain", self.domains), ("category", self.categories), ("filename", self.filenames)):
+            if values:
+                clauses.append(f"c.metadata->>'{key}' = ANY(%s)")
+                params.append(list(values))
+        if self.tags_any:
+            # tags 可能是字符串数组，也可能是单个字符串；jsonb ?| 对两者都成立
+            clauses.append("c.metadata->'tags' ?| %s")
+            params.append(list(self.tags_any))
+        if self.tags_all:
+            clauses.append("c.metadata->'tags' ?& %s")
+            params.append(list(self.tags_all))
+        if self.document_ids:
+            clauses.append("c.document_id = ANY(%s)")
+            params.append(list(self.document_ids))
+        return "".join(f" AND {clause}" for clause in clauses), params
+
+
+@dataclass(frozen=True)
+class PathHit:
+    """某一路召回的一个分块：余弦距离（向量）或 ts_rank_cd（全文，已归一到 0~1）。"""
+
+    chunk_id: int
+    value: float
+
+
+@dataclass
+class ChunkRow:
+    """返回给调用方所需的分块详情。"""
+
+    chunk_id: int
+    document_id: uuid.UUID
+    chunk_index: int
+    text: str
+    filename: str
+    metadata: dict[str, Any]
+    role: str
+    parent_id: int | None
+    document_created: Any = None
+
+
+def _scope_sql(kb: KnowledgeBase, filters: SearchFilters) -> tuple[str, list[Any]]:
+    """检索范围：知识库内、completed 文档的普通块与子块。文档状态用半连接判断，便于规划器走向量/GIN 索引。"""
+    extra, params = filters.sql()
+    sql = (
+        "c.knowledge_base_id = %s AND c.role <> 'parent'"
+        " AND c.document_id IN (SELECT d.id FROM documents d WHERE d.knowledge_base_id = %s AND d.status = %s)"
+        + extra
+    )
+    return sql, [kb.id, kb.id, Document.Status.COMPLETED, *params]
+
+
+def searchable_chunk_estimate(kb: KnowledgeBase) -> int:
+    """知识库可检索分块数的估计（completed 文档的 chunk_count 之和，含父块）：读文档表，几毫秒内完成。"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s AND status = %s",
+            [kb.id, Document.Status.COMPLETED],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFilters, limit: int,
+                  *, exact: bool | None = None, exclude: str = "") -> tuple[list[PathHit], str]:
+    """按余弦距离升序取前 ``limit`` 个分块，返回 (命中, 所用方法 "exact" 或 "hnsw")。
+
+    小知识库（≤ RAG_EXACT_SEARCH_MAX_CHUNKS）精确扫描：先用 b-tree 圈出本库的行再逐一算距离，召回 100%，
+    且不受其他知识库的行数影响。大知识库走该维度的部分 HNSW 索引，开启 pgvector 0.8 的迭代扫描
+    （strict_order）：过滤掉其他知识库的行后候选不足时继续扫描，直到凑够 ``limit`` 或达到
+    RAG_HNSW_MAX_SCAN_TUPLES。``exact`` 显式指定时覆盖自动选择（基准与测试用）。
+    ``exclude`` 是布尔查询里 ``-词`` 的 tsquery：向量路同样排除含这些词的分块，两路语义一致。
+    """
+    dim = kb.embedding_dimension
+    if dim not in SUPPORTED_DIMENSIONS:
+        raise ValueError(f"unsupported embedding dimension {dim}")
+    if exact is None:
+        exact = searchable_chunk_estimate(kb) <= settings.EXACT_SEARCH_MAX_CHUNKS
+    scope, params = _scope_sql(kb, filters)
+    if exclude:
+        scope += " AND NOT (coalesce(c.search_vector, ''::tsvector) @@ %s::tsquery)"
+        params.append(exclude)
+    literal = "[" + ",".join(f"{x:.7g}" for x in np.asarray(query_vector, dtype=np.float32).tolist()) + "]"
+    # 维度来自受支持维度的白名单，只能是整数，可以安全地拼进 SQL（表达式索引要求字面的类型修饰）
+    if exact:
+        sql = (
+            f"WITH scoped AS MATERIALIZED (SELECT c.id, c.embedding::vector({dim}) AS embedding"
+            f" FROM document_chunks c WHERE c.embedding_dim = {dim} AND {scope})"
+            f" SELECT id, embedding <=> %s::vector({dim}) AS distance FROM scoped ORDER BY distance, id LIMIT %s"
+        )
+    else:
+        sql = (
+            f"SELECT c.id, (c.embedding::vector({dim})) <=> %s::vector({dim}) AS distance"
+            f" FROM document_chunks c WHERE c.embedding_dim = {dim} AND {scope}"
+            f" ORDER BY distance LIMIT %s"
+        )
+    args = [literal, *params, limit] if not exact else [*params, literal, limit]
+    with transaction.atomic(), connection.cursor() as cursor:
+        if not exact:
+            # SET LOCAL 只在本事务内生效，不影响连接上的其他查询
+            cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
+                           " set_config('hnsw.iterative_scan', 'strict_order', true),"
+                           " set_config('hnsw.max_scan_tuples', %s, true)",
+                           [str(min(max(settings.HNSW_EF_SEARCH, limit), 1000)),
+                            str(settings.HNSW_MAX_SCAN_TUPLES)])
+        cursor.execute(sql, args)
+        rows = cursor.fetchall()
+    return [PathHit(int(chunk_id), float(distance)) for chunk_id, distance in rows], "exact" if exact else "hnsw"
+
+
+def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
+    """全文检索：GIN 索引上的 ``@@`` 匹配，``ts_rank_cd``（标题 A 权重、正文 B 权重；标志 32 归一到 0~1）降序。
+
+    exact 查询除了词序匹配，还要求原文（不区分大小写）逐字包含引号里的内容。
+    """
+    if not query.tsquery:
+        return []
+    scope, params = _scope_sql(kb, filters)
+    exact_sql = "".join(" AND strpos(lower(c.chunk_text), lower(%s)) > 0" for _ in query.phrases) \
+        if query.type == "exact" else ""
+    exact_params = list(query.phrases) if query.type == "exact" else []
+    # 命中用 tsquery；排序用 rank_tsquery（phrase 查询里可选的词只抬高排名，不决定是否命中）
+    sql = (
+        "SELECT c.id, ts_rank_cd(c.search_vector, q.rank_query, 32) AS rank"
+        " FROM document_chunks c, (SELECT %s::tsquery AS query, %s::tsquery AS rank_query) q"
+        f" WHERE c.search_vector @@ q.query AND {scope}{exact_sql}"
+        " ORDER BY rank DESC, c.id LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [query.tsquery, query.rank_tsquery or query.tsquery, *params, *exact_params, limit])
+        rows = cursor.fetchall()
+    return [PathHit(int(chunk_id), float(rank)) for chunk_id, rank in rows]
+
+
+def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
+    """一次读出命中分块的文本、元数据与所属文档。"""
+    if not chunk_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.id, c.document_id, c.chunk_index, c.chunk_text, d.filename, c.metadata, c.role, c.parent_id,"
+            " d.created_at FROM document_chunks c JOIN documents d ON d.id = c.document_id WHERE c.id = ANY(%s)",
+            [list(chunk_ids)],
+        )
+        rows = cursor.fetchall()
+    return {
+        int(row[0]): ChunkRow(
+            chunk_id=int(row[0]), document_id=row[1], chunk_index=int(row[2]), text=row[3], filename=row[4],
+            metadata=_as_dict(row[5]), role=row[6], parent_id=row[7], document_created=row[8],
+        )
+        for row in rows
+    }
+
+
+def load_parents(parent_ids: Sequence[int]) -> dict[int, tuple[str, dict[str, Any], int]]:
+    """父块 id → (文本, 元数据, 序号)。"""
+    if not parent_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, chunk_text, metadata, chunk_index FROM document_chunks WHERE id = ANY(%s)",
+                       [list(parent_ids)])
+        return {int(pid): (text, _as_dict(meta), int(index)) for pid, text, meta, index in cursor.fetchall()}
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    """Django 让 psycopg 把 jsonb 读成字符串（交给 JSONField 解析）；原始游标这里自己解析。"""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        parsed = json.loads(value)
+        return parsed if isinstance(parsed, dict) else {}
+    return {}

@@ -1,0 +1,318 @@
+"""检索服务：向量与全文两路并行召回 → RRF 融合 → 重排序（可降级）→ 父子块去重 → 截取 top_k。
+
+降级原则：任何一路失败都不让请求失败。向量路（查询向量化或 SQL）失败就只用全文结果，全文路失败
+（按需求记录日志并视为空结果）就只用向量结果，重排序不可用就保留融合顺序；每一种降级都会记日志、
+计入 ``search_degraded_total``，并写进 :attr:`SearchOutcome.degraded`（接口放在 ``X-Search-Degraded`` 头里）。
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import structlog
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from knowledge.models import KnowledgeBase
+from knowledge.selectors import usable_knowledge_base
+from ops.auth import Principal
+from ops.metrics import SEARCH_DEGRADED, SEARCH_REQUESTS, SEARCH_STAGE_SECONDS
+from search import fulltext
+from search.fusion import (
+    collapse_by,
+    context_window,
+    order_by_scores,
+    rrf_fuse,
+    rrf_unit_score,
+    similarity_from_distance,
+)
+from search.providers.rerank import RerankUnavailable
+from search.query_embeddings import embed_query
+from search.rerankers import configured_reranker
+from search.retrieval import (
+    ChunkRow,
+    PathHit,
+    SearchFilters,
+    fulltext_search,
+    load_chunks,
+    load_parents,
+    searchable_chunk_estimate,
+    vector_search,
+)
+
+logger = structlog.get_logger(__name__)
+
+Mode = Literal["hybrid", "vector", "fulltext"]
+MODES: tuple[Mode, ...] = ("hybrid", "vector", "fulltext")
+Order = Literal["score", "position"]
+T = TypeVar("T")
+
+# 向量路（查询向量化 + SQL）在这个线程池里执行，全文路在请求线程里同时执行。
+# 池中线程各有自己的数据库连接，按 RAG_DB_CONN_MAX_AGE 复用（见 _in_worker）。
+_executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="search-vector")
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    query: str
+    top_k: int = 5
+    mode: Mode = "hybrid"
+    rerank: bool = True
+    return_parent: bool = True
+    order: Order = "score"
+    filters: SearchFilters = field(default_factory=SearchFilters)
+
+
+@dataclass
+class SearchResult:
+    """一条结果及其来历（调试页展示各路名次与分数）。"""
+
+    chunk: ChunkRow
+    score: float
+    vector_rank: int | None = None
+    vector_similarity: float | None = None
+    fulltext_rank: int | None = None
+    fulltext_score: float | None = None
+    fused_score: float | None = None
+    rerank_score: float | None = None
+    parent_chunk_id: int | None = None
+    parent_text: str | None = None
+
+    @property
+    def found_by(self) -> list[str]:
+        return [path for path, rank in (("vector", self.vector_rank), ("fulltext", self.fulltext_rank)) if rank]
+
+
+@dataclass
+class SearchOutcome:
+    results: list[SearchResult]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    degraded: list[str] = field(default_factory=list)
+    vector_method: str | None = None
+    query_type: str | None = None
+    reranked: bool = False
+    embedding_cached: bool | None = None
+
+    def server_timing(self) -> str:
+        """``Server-Timing`` 头：各阶段毫秒数。"""
+        return ", ".join(f"{stage};dur={ms:.1f}" for stage, ms in self.timings_ms.items())
+
+
+@dataclass
+class _PathResult:
+    hits: list[PathHit] = field(default_factory=list)
+    failed: bool = False
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    method: str | None = None
+    cached: bool | None = None
+
+
+class _Clock:
+    """记录各阶段耗时（毫秒）并写入直方图。"""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.timings[name] = self.timings.get(name, 0.0) + elapsed * 1000
+            SEARCH_STAGE_SECONDS.labels(stage=name).observe(elapsed)
+
+
+def searchable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID) -> KnowledgeBase:
+    """检索前的校验：存在（404）→ 可用（403 KNOWLEDGE_BASE_UNAVAILABLE）→ 读权限（403）。"""
+    return usable_knowledge_base(principal=principal, kb_id=kb_id, write=False)
+
+
+def candidate_count(top_k: int) -> int:
+    """每路召回的候选数：min(top_k*3, RAG_MAX_RERANK_CANDIDATES)，且不少于 top_k。"""
+    return max(top_k, min(top_k * 3, settings.MAX_RERANK_CANDIDATES))
+
+
+def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
+    """执行一次检索。只抛编程错误；外部依赖的失败都转成降级。"""
+    SEARCH_REQUESTS.labels(mode=request.mode).inc()
+    outcome = SearchOutcome(results=[])
+    clock = _Clock(outcome.timings_ms)
+    started = time.perf_counter()
+    try:
+        _run(kb, request, outcome, clock)
+    finally:
+        elapsed = time.perf_counter() - started
+        outcome.timings_ms["total"] = elapsed * 1000
+        SEARCH_STAGE_SECONDS.labels(stage="total").observe(elapsed)
+    for reason in outcome.degraded:
+        SEARCH_DEGRADED.labels(reason=reason).inc()
+    return outcome
+
+
+def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, clock: _Clock) -> None:
+    estimate = searchable_chunk_estimate(kb)
+    if estimate == 0:
+        return  # 没有已完成摄取的文档：空数组，而不是错误（需求 3.7）
+    limit = candidate_count(request.top_k)
+    exact = estimate <= settings.EXACT_SEARCH_MAX_CHUNKS
+    parsed = fulltext.parse_query(request.query)
+    outcome.query_type = parsed.type
+
+    vector_future: Future[_PathResult] | None = None
+    if request.mode in ("hybrid", "vector"):
+        vector_future = _executor.submit(_in_worker, _vector_path, kb, request, limit, exact, parsed.exclude)
+    text_result: _PathResult | None = None
+    if request.mode in ("hybrid", "fulltext"):
+        text_result = _fulltext_path(kb, parsed, request.filters, limit, clock)
+    vector_result = vector_future.result() if vector_future is not None else None
+    if vector_result is not None:
+        outcome.timings_ms.update(vector_result.timings_ms)
+        outcome.vector_method = vector_result.method
+        outcome.embedding_cached = vector_result.cached
+        if vector_result.failed and text_result is None:
+            # 只要向量的请求在向量路不可用时退回全文（需求：embedding 不可用则只做全文检索）
+            text_result = _fulltext_path(kb, parsed, request.filters, limit, clock)
+
+    paths = {name: result for name, result in (("vector", vector_result), ("fulltext", text_result))
+             if result is not None and not result.failed}
+    if vector_result is not None and vector_result.failed:
+        outcome.degraded.append("fulltext-only" if "fulltext" in paths else "no-retrieval")
+    if text_result is not None and text_result.failed:
+        outcome.degraded.append("vector-only" if "vector" in paths else "no-retrieval")
+    outcome.degraded = list(dict.fromkeys(outcome.degraded))
+    if not paths:
+        return
+
+    with clock.stage("fuse"):
+        fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
+                         k=settings.RRF_K)[:limit]
+        values = {name: {hit.chunk_id: hit.value for hit in result.hits} for name, result in paths.items()}
+        chunks = load_chunks([f.key for f in fused])
+        candidates = [
+            SearchResult(
+                chunk=chunks[f.key],
+                score=0.0,
+                vector_rank=f.ranks.get("vector"),
+                vector_similarity=_maybe(values.get("vector", {}).get(f.key), similarity_from_distance),
+                fulltext_rank=f.ranks.get("fulltext"),
+                fulltext_score=values.get("fulltext", {}).get(f.key),
+                fused_score=f.score,
+            )
+            for f in fused if f.key in chunks  # 读取前被删除的分块直接跳过
+        ]
+        for candidate in candidates:
+            candidate.score = _unranked_score(candidate, len(paths))
+
+    if request.rerank and candidates:
+        _rerank(request.query, candidates, outcome, clock)
+        candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
+
+    # 同一父块的多个子块只留得分最高的一个（已按分数降序）
+    results = collapse_by(candidates, lambda r: r.chunk.parent_id if r.chunk.role == "child" else None)
+    results = results[:request.top_k]
+    if request.return_parent:
+        _attach_parents(results)
+    outcome.results = context_order(results) if request.order == "position" else results
+
+
+def _maybe(value: float | None, convert: Callable[[float], float]) -> float | None:
+    return None if value is None else convert(value)
+
+
+def _unranked_score(candidate: SearchResult, path_count: int) -> float:
+    """不重排（或重排不可用）时对外的 0~1 分数，顺序与融合顺序一致：
+
+    - 两路都参与：RRF 分数 ÷ 理论最大值 2/(k+1)；
+    - 只有向量路：余弦相似度 1 - distance；
+    - 只有全文路：ts_rank_cd 的 rank/(rank+1) 归一化值。
+    """
+    if path_count >= 2:
+        return rrf_unit_score(candidate.fused_score or 0.0, path_count, k=settings.RRF_K)
+    if candidate.vector_similarity is not None:
+        return candidate.vector_similarity
+    return min(1.0, max(0.0, candidate.fulltext_score or 0.0))
+
+
+def _rerank(query: str, candidates: list[SearchResult], outcome: SearchOutcome, clock: _Clock) -> None:
+    reranker = configured_reranker()
+    if reranker is None:
+        return  # RAG_RERANK_PROVIDER=none：按配置不重排，不算降级
+    with clock.stage("rerank"):
+        try:
+            scores = reranker.rerank(query, [c.chunk.text for c in candidates])
+        except RerankUnavailable as exc:
+            logger.warning("rerank_unavailable", error=str(exc), candidates=len(candidates))
+            outcome.degraded.append("rerank-unavailable")
+            return
+    for candidate, score in zip(candidates, scores, strict=True):
+        candidate.rerank_score = score
+        candidate.score = score
+    outcome.reranked = True
+
+
+def _in_worker(fn: Callable[..., T], *args: Any) -> T:
+    """在线程池里执行：像一次请求那样在前后回收过期或损坏的连接（本线程自己的连接）。"""
+    close_old_connections()
+    try:
+        return fn(*args)
+    finally:
+        close_old_connections()
+
+
+def _vector_path(kb: KnowledgeBase, request: SearchRequest, limit: int, exact: bool, exclude: str) -> _PathResult:
+    result = _PathResult()
+    clock = _Clock(result.timings_ms)
+    try:
+        with clock.stage("embed"):
+            vector, result.cached = embed_query(kb.embedding_provider, kb.embedding_model, request.query)
+        with clock.stage("vector"):
+            result.hits, result.method = vector_search(kb, vector, request.filters, limit, exact=exact,
+                                                       exclude=exclude)
+    except Exception as exc:
+        result.failed = True
+        logger.warning("search_path_failed", path="vector", error=str(exc), error_type=type(exc).__name__,
+                       knowledge_base_id=str(kb.id))
+    return result
+
+
+def _fulltext_path(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, filters: SearchFilters, limit: int,
+                   clock: _Clock) -> _PathResult:
+    result = _PathResult()
+    try:
+        # 保存点：SQL 出错只回滚这一步，不污染外层事务
+        with clock.stage("fulltext"), transaction.atomic():
+            result.hits = fulltext_search(kb, parsed, filters, limit)
+    except Exception as exc:
+        result.failed = True
+        logger.error("search_path_failed", path="fulltext", error=str(exc), error_type=type(exc).__name__,
+                     knowledge_base_id=str(kb.id))
+    return result
+
+
+def _attach_parents(results: list[SearchResult]) -> None:
+    """子块结果带上父块文本；父块太长时只取命中子块周围 RAG_PARENT_WINDOW_CHARS 个字符。"""
+    parents = load_parents([r.chunk.parent_id for r in results if r.chunk.parent_id is not None])
+    for result in results:
+        parent = parents.get(result.chunk.parent_id) if result.chunk.parent_id is not None else None
+        if parent is None:
+            continue
+        text, metadata, _ = parent
+        offset = int(result.chunk.metadata.get("char_start", 0)) - int(metadata.get("char_start", 0))
+        window, _ = context_window(text, offset, offset + len(result.chunk.text), settings.PARENT_WINDOW_CHARS)
+        result.parent_chunk_id = result.chunk.parent_id
+        result.parent_text = window
+
+
+def context_order(results: list[SearchResult]) -> list[SearchResult]:
+    """拼接上下文用的顺序（设计文档 Property 13）：先按文档（上传先后），再按文中位置
+    （字符起点，父块与子块可比；其次分块序号）。"""
+    return sorted(results, key=lambda r: (r.chunk.document_created, str(r.chunk.document_id),
+                                          int(r.chunk.metadata.get("char_start", 0)), r.chunk.chunk_index))

@@ -1,0 +1,154 @@
+"""融合与整理的纯函数：RRF（Property 1/2）、父子块去重（Property 12）、上下文排序（Property 13）、
+无重排时的分数（Property 19）、父块窗口。"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from search.fusion import (
+    collapse_by,
+    context_window,
+    order_by_scores,
+    rrf_fuse,
+    rrf_unit_score,
+    similarity_from_distance,
+)
+from search.retrieval import ChunkRow
+from search.services import SearchResult, context_order
+
+ranked_ids = st.lists(st.integers(min_value=1, max_value=60), max_size=40, unique=True)
+
+
+def test_rrf_worked_example() -> None:
+    fused = rrf_fuse({"vector": [10, 20, 30], "fulltext": [30, 40]}, k=60)
+    scores = {f.key: f.score for f in fused}
+    assert math.isclose(scores[30], 1 / 63 + 1 / 61)
+    assert math.isclose(scores[10], 1 / 61)
+    assert math.isclose(scores[40], 1 / 62)
+    assert [f.key for f in fused] == [30, 10, 20, 40]  # 20 与 40 同分同名次，按 key
+    assert fused[0].ranks == {"vector": 3, "fulltext": 1}
+
+
+def test_rrf_ties_are_broken_deterministically() -> None:
+    # 10 与 40 都是某一路的第 1 名：同分同名次同路数，按 key 升序
+    fused = rrf_fuse({"vector": [10], "fulltext": [40]})
+    assert [f.key for f in fused] == [10, 40]
+    assert [f.key for f in rrf_fuse({"fulltext": [40], "vector": [10]})] == [10, 40]
+
+
+@settings(max_examples=200)
+@given(vector=ranked_ids, fulltext=ranked_ids, k=st.integers(min_value=1, max_value=100))
+def test_property_1_rrf_score(vector: list[int], fulltext: list[int], k: int) -> None:
+    """**Feature: v2-rag-migration, Property 1: RRF Score Calculation Correctness**
+
+    每个文档的分数 = Σ 1/(k + rank)，rank 从 1 起；两路都出现的累加。"""
+    fused = rrf_fuse({"vector": vector, "fulltext": fulltext}, k=k)
+    assert {f.key for f in fused} == set(vector) | set(fulltext)
+    for f in fused:
+        expected = sum(1.0 / (k + ranking.index(f.key) + 1) for ranking in (vector, fulltext) if f.key in ranking)
+        assert math.isclose(f.score, expected, rel_tol=1e-12)
+        assert f.ranks == {name: ranking.index(f.key) + 1
+                           for name, ranking in (("vector", vector), ("fulltext", fulltext)) if f.key in ranking}
+
+
+@settings(max_examples=200)
+@given(vector=ranked_ids, fulltext=ranked_ids)
+def test_property_2_rrf_ordering(vector: list[int], fulltext: list[int]) -> None:
+    """**Feature: v2-rag-migration, Property 2: RRF Result Ordering**
+
+    融合结果按分数非递增；同样的输入总是同样的顺序。"""
+    fused = rrf_fuse({"vector": vector, "fulltext": fulltext})
+    assert all(a.score >= b.score for a, b in itertools.pairwise(fused))
+    assert [f.key for f in fused] == [f.key for f in rrf_fuse({"fulltext": fulltext, "vector": vector})]
+
+
+@settings(max_examples=200)
+@given(score_pairs=st.lists(st.tuples(st.integers(0, 8), st.floats(0, 1)), max_size=40))
+def test_property_12_parent_child_dedup(score_pairs: list[tuple[int, float]]) -> None:
+    """**Feature: v2-rag-migration, Property 12: Parent-Child Search Deduplication**
+
+    多个子块命中同一父块时只留一条，分数取该父块下最高的子块。（parent 0 表示普通分块，不去重。）"""
+    items = [(i, parent or None, score) for i, (parent, score) in enumerate(score_pairs)]
+    ordered = [item for item, _ in order_by_scores(items, [score for _, _, score in items])]
+    kept = collapse_by(ordered, lambda item: item[1])
+    parents = [parent for _, parent, _ in kept if parent is not None]
+    assert len(parents) == len(set(parents))
+    for _, parent, score in kept:
+        if parent is not None:
+            assert score == max(s for _, p, s in items if p == parent)
+    plain = [item for item in items if item[1] is None]
+    assert sorted(item for item in kept if item[1] is None) == sorted(plain)
+    assert all(a[2] >= b[2] for a, b in itertools.pairwise(kept))
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5000), st.floats(0, 1)), max_size=30))
+def test_property_13_context_order(rows: list[tuple[int, int, float]]) -> None:
+    """**Feature: v2-rag-migration, Property 13: Context Building Sort Order**
+
+    order=position（拼接上下文用）：先按“章”（文档，按上传时间）再按“块”（文中位置）排序。"""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    results = [
+        SearchResult(
+            chunk=ChunkRow(chunk_id=i, document_id=uuid.UUID(int=document), chunk_index=position // 100,
+                           text="x", filename="f", metadata={"char_start": position}, role="chunk",
+                           parent_id=None, document_created=base + timedelta(minutes=document)),
+            score=score,
+        )
+        for i, (document, position, score) in enumerate(rows)
+    ]
+    ordered = context_order(results)
+    keys = [(r.chunk.document_created, r.chunk.metadata["char_start"]) for r in ordered]
+    assert keys == sorted(keys)
+    assert sorted(r.chunk.chunk_id for r in ordered) == list(range(len(rows)))
+
+
+@settings(max_examples=200)
+@given(st.lists(st.floats(min_value=0, max_value=2 / 61), max_size=30), st.integers(1, 2))
+def test_property_19_fallback_scores_are_valid(rrf_scores: list[float], paths: int) -> None:
+    """**Feature: v2-rag-migration, Property 19: Reranker Fallback Produces Valid Results**
+
+    重排序不可用时：每个候选都有 0~1 的分数，且按融合分数降序的顺序保持不变。"""
+    fused = sorted(rrf_scores, reverse=True)
+    unit = [rrf_unit_score(score, paths) for score in fused]
+    assert all(0.0 <= u <= 1.0 for u in unit)
+    assert all(a >= b for a, b in itertools.pairwise(unit))
+    ordered = order_by_scores(list(range(len(unit))), unit)
+    assert [index for index, _ in ordered] == list(range(len(unit)))
+
+
+def test_unit_scores_and_similarity() -> None:
+    assert rrf_unit_score(2 / 61, 2) == 1.0
+    assert math.isclose(rrf_unit_score(1 / 61, 2), 0.5)
+    assert rrf_unit_score(1 / 61, 1) == 1.0
+    assert rrf_unit_score(0.5, 0) == 0.0
+    assert similarity_from_distance(0.0) == 1.0
+    assert similarity_from_distance(1.5) == 0.0
+    assert math.isclose(similarity_from_distance(0.25), 0.75)
+
+
+def test_order_by_scores_is_stable_and_checks_lengths() -> None:
+    assert [x for x, _ in order_by_scores(["a", "b", "c"], [0.5, 0.9, 0.5])] == ["b", "a", "c"]
+    try:
+        order_by_scores(["a"], [])
+    except ValueError:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("length mismatch must raise")
+
+
+@given(st.text(min_size=0, max_size=300), st.integers(0, 300), st.integers(0, 100), st.integers(100, 200))
+def test_context_window_contains_the_child(text: str, start: int, length: int, size: int) -> None:
+    end = min(start + length, len(text))
+    start = min(start, len(text))
+    window, begin = context_window(text, start, end, size)
+    assert len(window) == min(len(text), size)
+    assert text[begin:begin + len(window)] == window
+    if end - start <= size:
+        assert begin <= start and end <= begin + len(window)
