@@ -33,7 +33,7 @@ def route_template(request: HttpRequest) -> str:
 
 
 def _is_api_path(path: str) -> bool:
-    return not path.startswith(("/admin/", "/api/docs/")) and path != "/"
+    return not path.startswith(("/admin/", "/api/docs/", "/playground/")) and path != "/"
 
 
 class RequestContextMiddleware:

@@ -18,9 +18,9 @@ find_python() {
     return 1
 }
 
-# 系统依赖：tesseract OCR（含简体中文模型）。缺了也能运行（OCR 回退到 rapidocr 或跳过），
+# 系统依赖：tesseract OCR（含简体中文模型）；chromium 与 chromium-driver 供检索调试页的端到端测试。缺了也能运行（OCR 回退到 rapidocr 或跳过），
 # 但测试与完整功能需要它；只有 root 才自动安装
-APT_PACKAGES=(tesseract-ocr tesseract-ocr-chi-sim)
+APT_PACKAGES=(tesseract-ocr tesseract-ocr-chi-sim chromium chromium-driver)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
