@@ -99,7 +99,7 @@ def searchable_chunk_estimate(kb: KnowledgeBase) -> int:
 
 def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFilters, limit: int,
                   *, exact: bool | None = None, exclude: str = "") -> tuple[list[PathHit], str]:
-    """按余弦距离升序取前 ``limit`` 个分块，返回 (命中, 所用方法 "exact" 或 "hnsw")。
+    """按余弦距离升序取前 ``limit`` 个分块，返回 (命中, 所用方法 "exact"、"hnsw" 或 "hnsw+exact")。
 
     小知识库（≤ RAG_EXACT_SEARCH_MAX_CHUNKS）精确扫描：先用 b-tree 圈出本库的行再逐一算距离，召回 100%，
     且不受其他知识库的行数影响。大知识库走该维度的部分 HNSW 索引，开启 pgvector 0.8 的迭代扫描
@@ -141,7 +141,12 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
                             str(settings.HNSW_MAX_SCAN_TUPLES)])
         cursor.execute(sql, args)
         rows = cursor.fetchall()
-    return [PathHit(int(chunk_id), float(distance)) for chunk_id, distance in rows], "exact" if exact else "hnsw"
+    hits = [PathHit(int(chunk_id), float(distance)) for chunk_id, distance in rows]
+    if not exact and len(hits) < limit:
+        # 迭代扫描在 max_scan_tuples 内没凑够候选（知识库在全表中占比太小、过滤条件太严）：
+        # 退回精确扫描，候选数永远是 min(limit, 范围内的行数)
+        return vector_search(kb, query_vector, filters, limit, exact=True, exclude=exclude)[0], "hnsw+exact"
+    return hits, "exact" if exact else "hnsw"
 
 
 def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
