@@ -1,0 +1,204 @@
+"""评测的执行：把数据集经真实的上传与摄取路径写入新知识库，再对每种检索方式跑全部问题并计算指标。
+
+摄取在本进程内同步执行（django-q2 的 sync 模式），不依赖正在运行的 worker，结果可复现；检索直接调用
+检索服务（与 POST /search 相同的代码路径，少了 HTTP 与序列化），取前 100 条。
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count
+from django_q.conf import Conf
+
+from documents.models import Document, DocumentChunk
+from documents.services import document_upload
+from knowledge.models import KnowledgeBase
+from knowledge.services import knowledge_base_create, knowledge_base_delete
+from ops.auth import SYSTEM_PRINCIPAL
+from search import services
+from search.evaluation.dataset import Dataset
+from search.evaluation.metrics import (
+    answer_hit_at_k,
+    dedupe,
+    mrr_at_k,
+    ndcg_at_k,
+    percentile,
+    recall_at_k,
+)
+
+# 评测方式 → (检索方式, 是否重排序)
+MODES: dict[str, tuple[services.Mode, bool]] = {
+    "vector": ("vector", False),
+    "fulltext": ("fulltext", False),
+    "hybrid": ("hybrid", False),
+    "hybrid+rerank": ("hybrid", True),
+}
+TOP_K = 100
+
+Progress = Callable[[Sequence[Any], str], Any]
+
+
+def no_progress(items: Sequence[Any], description: str) -> Sequence[Any]:
+    return items
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    chunking: str = "token"
+    embedding_provider: str | None = None
+    embedding_model: str | None = None
+    modes: tuple[str, ...] = tuple(MODES)
+    keep: bool = False
+
+
+@dataclass
+class ModeReport:
+    mode: str
+    queries: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    degraded_queries: int = 0
+    skipped: str = ""
+
+
+@dataclass
+class EvaluationReport:
+    dataset: str
+    level: str
+    chunking: str
+    embedding: dict[str, Any]
+    knowledge_base: dict[str, Any]
+    ingest_seconds: float
+    modes: list[ModeReport]
+    total_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset, "level": self.level, "chunking": self.chunking, "embedding": self.embedding,
+            "knowledge_base": self.knowledge_base, "ingest_seconds": round(self.ingest_seconds, 1),
+            "total_seconds": round(self.total_seconds, 1),
+            "modes": {m.mode: {"queries": m.queries, "skipped": m.skipped or None, "degraded_queries":
+                               m.degraded_queries, **{k: round(v, 4) for k, v in m.metrics.items()},
+                               "latency_ms": {k: round(v, 1) for k, v in m.latency_ms.items()}}
+                      for m in self.modes},
+        }
+
+    def markdown(self) -> str:
+        columns = ("ndcg@10", "recall@10", "recall@100", "mrr@10", "answer_hit@1", "answer_hit@5", "answer_hit@10")
+        lines = [
+            f"{self.dataset}（{self.level} 级，{self.chunking} 分块，{self.embedding['provider']}:"
+            f"{self.embedding['model']}；{self.knowledge_base['documents']} 篇文档 / {self.knowledge_base['chunks']}"
+            f" 个分块，摄取 {self.ingest_seconds:.0f} s）",
+            "",
+            "| 方式 | 问题数 | nDCG@10 | Recall@10 | Recall@100 | MRR@10 | hit@1 | hit@5 | hit@10 | p50 ms | p95 ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for report in self.modes:
+            if report.skipped:
+                lines.append(f"| {report.mode} | — | {report.skipped} |" + " |" * 8)
+                continue
+            values = " | ".join(f"{report.metrics[c]:.3f}" for c in columns)
+            note = f"（{report.degraded_queries} 次降级）" if report.degraded_queries else ""
+            lines.append(f"| {report.mode}{note} | {report.queries} | {values} | {report.latency_ms['p50']:.1f} | "
+                         f"{report.latency_ms['p95']:.1f} |")
+        return "\n".join(lines)
+
+
+@contextmanager
+def synchronous_tasks() -> Iterator[None]:
+    """摄取任务在本进程内同步执行（不需要 worker），结束后恢复原设置。"""
+    previous = Conf.SYNC
+    Conf.SYNC = True
+    try:
+        yield
+    finally:
+        Conf.SYNC = previous
+
+
+def _filename(unit_id: str) -> str:
+    return re.sub(r"[^\w.-]", "_", unit_id)[:200] + ".md"
+
+
+def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_progress) -> KnowledgeBase:
+    """每个单元作为一份 Markdown 文档（``# 标题`` + 正文）上传；元数据 ``eval_id`` 把分块映射回单元 id。"""
+    embedding = {key: value for key, value in (("provider", config.embedding_provider),
+                                                ("model", config.embedding_model)) if value}
+    kb = knowledge_base_create(
+        principal=SYSTEM_PRINCIPAL, name=f"eval-{dataset.name}-{dataset.level}-{config.chunking}-{time.time_ns()}",
+        description="manage.py evaluate", embedding=embedding or None, chunking={"strategy": config.chunking},
+    )
+    with synchronous_tasks():
+        for unit in progress(dataset.units, "摄取"):
+            body = f"# {unit.title}\n\n{unit.text}" if unit.title else unit.text
+            document_upload(kb=kb, filename=_filename(unit.id), upload=io.BytesIO(body.encode("utf-8")),
+                            metadata={"eval_id": unit.id, "title": unit.title}, chunking={})
+    return kb
+
+
+def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Progress = no_progress) -> ModeReport:
+    search_mode, rerank = MODES[mode]
+    report = ModeReport(mode)
+    sums: dict[str, float] = {}
+    latencies: list[float] = []
+    for query in progress(dataset.queries, mode):
+        request = services.SearchRequest(query=query.text, top_k=TOP_K, mode=search_mode, rerank=rerank)
+        started = time.perf_counter()
+        outcome = services.search(kb, request)
+        latencies.append((time.perf_counter() - started) * 1000)
+        if rerank and not outcome.reranked and "rerank-unavailable" not in outcome.degraded:
+            report.skipped = "未配置重排序（RAG_RERANK_PROVIDER=none）"
+            return report
+        report.degraded_queries += bool(outcome.degraded)
+        ranked = dedupe(str(r.chunk.metadata.get("eval_id", "")) for r in outcome.results)
+        texts = [r.parent_text or r.chunk.text for r in outcome.results]
+        qrels = dataset.qrels[query.id]
+        values = {
+            "ndcg@10": ndcg_at_k(ranked, qrels, 10),
+            "recall@10": recall_at_k(ranked, qrels, 10),
+            "recall@100": recall_at_k(ranked, qrels, 100),
+            "mrr@10": mrr_at_k(ranked, qrels, 10),
+            **{f"answer_hit@{k}": answer_hit_at_k(texts, query.answers, k) for k in (1, 5, 10)},
+        }
+        for name, value in values.items():
+            sums[name] = sums.get(name, 0.0) + value
+        report.queries += 1
+    report.metrics = {name: total / report.queries for name, total in sums.items()}
+    report.latency_ms = {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)}
+    return report
+
+
+def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_progress,
+                   kb: KnowledgeBase | None = None) -> EvaluationReport:
+    """摄取（或复用 ``kb``）→ 逐个方式检索并计算指标 → 除非 ``keep`` 否则删除知识库。"""
+    started = time.perf_counter()
+    reuse = kb is not None
+    if kb is None:
+        kb = ingest(dataset, config, progress)
+    ingest_seconds = time.perf_counter() - started
+    try:
+        statuses = dict(Document.objects.filter(knowledge_base=kb).values_list("status")
+                        .annotate(count=Count("id")).values_list("status", "count"))
+        reports = [evaluate_mode(kb, dataset, mode, progress) for mode in config.modes]
+        report = EvaluationReport(
+            dataset=dataset.name, level=dataset.level, chunking=config.chunking,
+            embedding={"provider": kb.embedding_provider, "model": kb.embedding_model,
+                       "dimension": kb.embedding_dimension},
+            knowledge_base={"id": str(kb.id), "name": kb.name, "kept": config.keep or reuse,
+                            "documents": statuses.get(Document.Status.COMPLETED, 0),
+                            "failed_documents": statuses.get(Document.Status.FAILED, 0),
+                            "chunks": DocumentChunk.objects.filter(knowledge_base=kb).exclude(role="parent").count()},
+            ingest_seconds=0.0 if reuse else ingest_seconds, modes=reports,
+        )
+    finally:
+        if not (config.keep or reuse):
+            with synchronous_tasks():
+                knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)
+    report.total_seconds = time.perf_counter() - started
+    return report

