@@ -18,3 +18,10 @@ def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def post_worker_init(worker: Any) -> None:
+    """预热全文检索的切词词典与繁简转换表（约 1.5 s），免得第一个检索请求替所有人付这笔开销。"""
+    from search.fulltext import warm_up
+
+    warm_up()

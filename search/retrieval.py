@@ -193,14 +193,13 @@ def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
     }
 
 
-def load_parents(parent_ids: Sequence[int]) -> dict[int, tuple[str, dict[str, Any], int]]:
-    """父块 id → (文本, 元数据, 序号)。"""
+def load_parents(parent_ids: Sequence[int]) -> dict[int, tuple[str, dict[str, Any]]]:
+    """父块 id → (文本, 元数据)。"""
     if not parent_ids:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, chunk_text, metadata, chunk_index FROM document_chunks WHERE id = ANY(%s)",
-                       [list(parent_ids)])
-        return {int(pid): (text, _as_dict(meta), int(index)) for pid, text, meta, index in cursor.fetchall()}
+        cursor.execute("SELECT id, chunk_text, metadata FROM document_chunks WHERE id = ANY(%s)", [list(parent_ids)])
+        return {int(pid): (text, _as_dict(meta)) for pid, text, meta in cursor.fetchall()}
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

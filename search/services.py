@@ -304,7 +304,7 @@ def _attach_parents(results: list[SearchResult]) -> None:
         parent = parents.get(result.chunk.parent_id) if result.chunk.parent_id is not None else None
         if parent is None:
             continue
-        text, metadata, _ = parent
+        text, metadata = parent
         offset = int(result.chunk.metadata.get("char_start", 0)) - int(metadata.get("char_start", 0))
         window, _ = context_window(text, offset, offset + len(result.chunk.text), settings.PARENT_WINDOW_CHARS)
         result.parent_chunk_id = result.chunk.parent_id

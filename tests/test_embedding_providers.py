@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from search.providers.embedding import (
     register_embedding_provider,
 )
 from search.providers.vectors import l2_normalize, length_sorted_batches
+from tests.fake_http import FakeJsonServer
 from tests.model_fixtures import TINY_HIDDEN_SIZE, tiny_embedding_model_dir  # noqa: F401
 
 
@@ -198,63 +197,28 @@ def fake_vector(text: str) -> list[float]:
     return (np.random.default_rng(seed).normal(size=FAKE_DIMENSION) * 7).tolist()
 
 
-class FakeEmbeddingServer:
+class FakeEmbeddingServer(FakeJsonServer):
     """127.0.0.1 上的 OpenAI（/v1/embeddings）+ TEI（/embed）embedding 服务；可注入错误，记录每个请求。"""
 
     def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
+        super().__init__()
         self.fail_status: int | None = None  # 设置后所有请求都返回该状态码
         self.fail_body: dict[str, Any] = {}
         self.openai_enabled = True
         self.reverse_openai_order = True  # 乱序返回 data，检验客户端按 index 排序
-        self.delay = 0.0
-        self.lock = threading.Lock()
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with server.lock:
-                    server.requests.append({"path": self.path, "body": body,
-                                            "authorization": self.headers.get("Authorization")})
-                if server.delay:
-                    time.sleep(server.delay)
-                if server.fail_status is not None:
-                    return self._reply(server.fail_status, server.fail_body)
-                if self.path == "/v1/embeddings" and server.openai_enabled:
-                    data = [{"object": "embedding", "index": i, "embedding": fake_vector(t)}
-                            for i, t in enumerate(body["input"])]
-                    if server.reverse_openai_order:
-                        data.reverse()
-                    return self._reply(200, {"object": "list", "data": data, "model": body.get("model")})
-                if self.path == "/embed":
-                    return self._reply(200, [fake_vector(t) for t in body["inputs"]])
-                return self._reply(404, {"error": "Not Found"})
-
-            def _reply(self, status: int, payload: Any) -> None:
-                raw = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # 超时测试里客户端已经放弃了这个连接
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-
-    @property
-    def count(self) -> int:
-        with self.lock:
-            return len(self.requests)
+    def respond(self, path: str, body: Any, claimed: Any) -> tuple[int, Any]:
+        if self.fail_status is not None:
+            return self.fail_status, self.fail_body
+        if path == "/v1/embeddings" and self.openai_enabled:
+            data = [{"object": "embedding", "index": i, "embedding": fake_vector(t)}
+                    for i, t in enumerate(body["input"])]
+            if self.reverse_openai_order:
+                data.reverse()
+            return 200, {"object": "list", "data": data, "model": body.get("model")}
+        if path == "/embed":
+            return 200, [fake_vector(t) for t in body["inputs"]]
+        return 404, {"error": "Not Found"}
 
     def config(self, **overrides: Any) -> EmbeddingConfig:
         values: dict[str, Any] = {"provider": "http", "model": "fake-embed", "url": self.url, "batch_size": 2,
@@ -265,11 +229,8 @@ class FakeEmbeddingServer:
 
 @pytest.fixture
 def fake_server() -> Iterator[FakeEmbeddingServer]:
-    server = FakeEmbeddingServer()
-    server.thread.start()
-    yield server
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    with FakeEmbeddingServer() as server:
+        yield server
 
 
 def _expected(texts: list[str]) -> np.ndarray:

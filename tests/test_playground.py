@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -19,13 +18,13 @@ from urllib.parse import urlencode
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from documents.models import Document, DocumentChunk
+from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
 from search import playground, services
 from search.retrieval import ChunkRow, SearchFilters
+from tests.factories import ingest_text
 
 URL = reverse("search-playground")
 CHROMIUM = Path("/usr/bin/chromium")
@@ -39,22 +38,12 @@ SHOP = (
 GARDEN = "# 园艺手册\n\n月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。"
 
 
-def ingest(client: Any, kb: KnowledgeBase, name: str, text: str, **fields: Any) -> Document:
-    """经真实的上传与摄取流水线写入（假 embedding；任务同步执行）。"""
-    data = {"file": SimpleUploadedFile(name, text.encode()), **{k: json.dumps(v) for k, v in fields.items()}}
-    response = client.post(f"/knowledge_bases/{kb.id}/documents", data, format="multipart")
-    assert response.status_code == 202, response.content
-    document = Document.objects.get(pk=response.json()["document_id"])
-    assert document.status == Document.Status.COMPLETED, document.error_message
-    return document
-
-
 @pytest.fixture
 def shop(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> KnowledgeBase:
     kb = kb_factory(name="商城客服库")
-    ingest(client_rw, kb, "售后.md", SHOP, metadata={"domain": "shop", "tags": ["售后", "配送"]},
+    ingest_text(client_rw, kb, "售后.md", SHOP, metadata={"domain": "shop", "tags": ["售后", "配送"]},
            chunking={"chunk_size": 48, "overlap": 0})
-    ingest(client_rw, kb, "garden.md", GARDEN, metadata={"domain": "life", "tags": ["园艺"]})
+    ingest_text(client_rw, kb, "garden.md", GARDEN, metadata={"domain": "life", "tags": ["园艺"]})
     return kb
 
 

@@ -4,7 +4,6 @@ Cohere 两种接口）、保护层（缓存、重试、断路器）、注册表�
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import socket
@@ -14,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from search.providers.rerank import (
     sigmoid,
 )
 from search.rerankers import configured_reranker, rerank_config
+from tests.fake_http import FakeJsonServer
 from tests.model_fixtures import tiny_reranker_model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,67 +263,34 @@ def fake_relevance(text: str) -> float:
     return 1.0 / (1.0 + len(text))
 
 
-class FakeRerankServer:
+class FakeRerankServer(FakeJsonServer):
     """127.0.0.1 上的 TEI（/rerank）+ Cohere（/v1/rerank）重排序服务；可注入错误，记录每个请求。"""
 
     def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
+        super().__init__()
         self.statuses: list[int] = []  # 依次用于接下来的请求；用完后正常应答
         self.fail_status: int | None = None  # 设置后所有请求都返回该状态码
         self.fail_body: Any = {"error": "boom"}
         self.override: Any = None  # 设置后 200 应答这个正文（畸形响应测试）
-        self.delay = 0.0
-        self.lock = threading.Lock()
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
+    def claim(self, path: str, body: Any) -> int | None:
+        """与记录请求在同一把锁内取走本次请求的状态码（statuses 依次用完后是 fail_status）。"""
+        return self.statuses.pop(0) if self.statuses else self.fail_status
 
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with server.lock:
-                    server.requests.append({"path": self.path, "body": body,
-                                            "authorization": self.headers.get("Authorization")})
-                    status = server.statuses.pop(0) if server.statuses else server.fail_status
-                if server.delay:
-                    time.sleep(server.delay)
-                if status is not None:
-                    return self._reply(status, server.fail_body)
-                if server.override is not None:
-                    return self._reply(200, server.override)
-                if self.path == "/rerank":
-                    ranked = [{"index": i, "score": fake_logit(body["query"], t)} for i, t in enumerate(body["texts"])]
-                    # TEI 按分数降序返回：与输入顺序不同
-                    return self._reply(200, sorted(ranked, key=lambda r: -r["score"]))
-                if self.path == "/v1/rerank":
-                    results = [{"index": i, "relevance_score": fake_relevance(t)}
-                               for i, t in enumerate(body["documents"])]
-                    results.reverse()
-                    return self._reply(200, {"id": "x", "results": results[:body["top_n"]]})
-                return self._reply(404, {"error": "Not Found"})
-
-            def _reply(self, status: int, payload: Any) -> None:
-                raw = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # 超时测试里客户端已经放弃了这个连接
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-
-    @property
-    def count(self) -> int:
-        with self.lock:
-            return len(self.requests)
+    def respond(self, path: str, body: Any, claimed: Any) -> tuple[int, Any]:
+        if claimed is not None:
+            return claimed, self.fail_body
+        if self.override is not None:
+            return 200, self.override
+        if path == "/rerank":
+            ranked = [{"index": i, "score": fake_logit(body["query"], t)} for i, t in enumerate(body["texts"])]
+            # TEI 按分数降序返回：与输入顺序不同
+            return 200, sorted(ranked, key=lambda r: -r["score"])
+        if path == "/v1/rerank":
+            results = [{"index": i, "relevance_score": fake_relevance(t)} for i, t in enumerate(body["documents"])]
+            results.reverse()
+            return 200, {"id": "x", "results": results[:body["top_n"]]}
+        return 404, {"error": "Not Found"}
 
     def reranker(self, sleeps: list[float] | None = None, **overrides: Any) -> GuardedReranker:
         """经真实的注册表与 http 工厂构造，只把断路器与 sleep 换成测试可控的。"""
@@ -339,11 +305,8 @@ class FakeRerankServer:
 
 @pytest.fixture
 def fake_server() -> Iterator[FakeRerankServer]:
-    server = FakeRerankServer()
-    server.thread.start()
-    yield server
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    with FakeRerankServer() as server:
+        yield server
 
 
 TEXTS = ["甲", "乙乙乙乙", "丙丙", "丁丁丁丁丁丁", "戊"]

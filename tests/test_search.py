@@ -12,7 +12,6 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from django.core.files.uploadedfile import SimpleUploadedFile
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -26,21 +25,13 @@ from search.providers.embedding import EmbeddingError
 from search.providers.rerank import RerankUnavailable
 from search.retrieval import ChunkRow, PathHit, SearchFilters
 from tests.conftest import assert_error
+from tests.factories import ingest_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 GARDEN = "# 园艺手册\n\n月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。\n\n兰花需要散射光和较高的空气湿度。"
 CLOUD = "# 政务云招标\n\n投标人须具备信息系统集成资质，服务期三年，预算人民币五百万元。\n\n评标采用综合评分法。"
 PYTHON = "# Python notes\n\nThe interpreter runs bytecode. Running tests with pytest is simple."
-
-
-def ingest(client: Any, kb: KnowledgeBase, name: str, text: str, **fields: Any) -> Document:
-    data = {"file": SimpleUploadedFile(name, text.encode()), **{k: json.dumps(v) for k, v in fields.items()}}
-    response = client.post(f"/knowledge_bases/{kb.id}/documents", data, format="multipart")
-    assert response.status_code == 202, response.content
-    document = Document.objects.get(pk=response.json()["document_id"])
-    assert document.status == Document.Status.COMPLETED, document.error_message
-    return document
 
 
 def search(client: Any, kb: KnowledgeBase | str, query: str, **fields: Any) -> Any:
@@ -51,10 +42,10 @@ def search(client: Any, kb: KnowledgeBase | str, query: str, **fields: Any) -> A
 @pytest.fixture
 def corpus(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> KnowledgeBase:
     kb = kb_factory()
-    ingest(client_rw, kb, "garden.md", GARDEN,
+    ingest_text(client_rw, kb, "garden.md", GARDEN,
            metadata={"domain": "life", "category": "garden", "tags": ["花", "园艺"]})
-    ingest(client_rw, kb, "cloud.md", CLOUD, metadata={"domain": "bidding", "category": "cloud", "tags": ["招标"]})
-    ingest(client_rw, kb, "python.md", PYTHON, metadata={"domain": "tech", "tags": ["python", "园艺"]})
+    ingest_text(client_rw, kb, "cloud.md", CLOUD, metadata={"domain": "bidding", "category": "cloud", "tags": ["招标"]})
+    ingest_text(client_rw, kb, "python.md", PYTHON, metadata={"domain": "tech", "tags": ["python", "园艺"]})
     return kb
 
 
@@ -177,7 +168,7 @@ def test_parent_child_collapses_and_returns_parent(client_rw: Any, kb_factory: A
                                                    settings: Any) -> None:
     kb = kb_factory(chunking={"strategy": "parent_child", "parent_size": 120, "chunk_size": 24, "overlap": 0})
     body = "".join(f"第{i}节讲述月季的修剪方法与施肥时间。" for i in range(12))
-    document = ingest(client_rw, kb, "rose.md", f"# 月季\n\n{body}")
+    document = ingest_text(client_rw, kb, "rose.md", f"# 月季\n\n{body}")
     children = DocumentChunk.objects.filter(document=document, role="child")
     assert children.count() > children.values("parent").distinct().count()  # 一个父块下有多个子块
     items = search(client_rw, kb, "月季 修剪", mode="fulltext", top_k=20).json()
@@ -322,7 +313,8 @@ def test_property_3_graceful_degradation(vector_ids: list[int], text_ids: list[i
     if expected is not None:
         assert ids == expected[:20]
     else:
-        assert set(ids) == set(vector_ids) | set(text_ids)
+        union = set(vector_ids) | set(text_ids)
+        assert set(ids) <= union and len(ids) == min(20, len(union))
     assert all(0.0 <= r.score <= 1.0 for r in outcome.results)
     if mode != "fulltext" and not vector_ok:
         assert outcome.degraded[0] in ("fulltext-only", "no-retrieval")

@@ -207,3 +207,28 @@ class CircuitBreaker:
 
     def __repr__(self) -> str:
         return f"CircuitBreaker({self.name!r}, state={self._state!r}, failures={self._failures})"
+
+
+class BreakerRegistry:
+    """按名字共享的断路器：同一个 ``provider:model`` 只有一个状态（与指标的 name 标签一一对应）。
+
+    断路器在模型加载失败后也留在这里，所以反复加载失败同样会熔断。阈值与恢复时间取第一次创建时的配置。
+    """
+
+    def __init__(self) -> None:
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str, *, failure_threshold: int, reset_timeout: float,
+            is_failure: Callable[[BaseException], bool]) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._breakers.get(name)
+            if breaker is None:
+                breaker = CircuitBreaker(name, failure_threshold=failure_threshold, reset_timeout=reset_timeout,
+                                         is_failure=is_failure)
+                self._breakers[name] = breaker
+            return breaker
+
+    def clear(self) -> None:
+        with self._lock:
+            self._breakers.clear()

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from search.providers.breaker import CircuitBreaker, CircuitOpenError
+from search.providers.breaker import BreakerRegistry, CircuitBreaker, CircuitOpenError
 from search.providers.vectors import Vectors
 
 # 未指定模型时各内置提供方的默认模型；http 没有默认值（模型名由远程服务决定，TEI 会忽略它）
@@ -226,22 +226,14 @@ class _Slot:
 
 
 _slots: dict[EmbeddingConfig, _Slot] = {}
-# 断路器按名字共享：同一个 provider:model 只有一个状态（与指标的 name 标签一一对应），
-# 并且加载失败后也留在这里，反复加载失败同样会熔断
-_breakers: dict[str, CircuitBreaker] = {}
+_breakers = BreakerRegistry()
 _registry_lock = threading.Lock()
 
 
 def embedding_breaker(config: EmbeddingConfig) -> CircuitBreaker:
-    """该配置对应的断路器（不存在则创建；阈值与恢复时间取第一次创建时的配置）。"""
-    name = config.breaker_name
-    with _registry_lock:
-        breaker = _breakers.get(name)
-        if breaker is None:
-            breaker = CircuitBreaker(name, failure_threshold=config.failure_threshold,
-                                     reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
-            _breakers[name] = breaker
-        return breaker
+    """该配置对应的断路器（不存在则创建）。"""
+    return _breakers.get(config.breaker_name, failure_threshold=config.failure_threshold,
+                         reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
 
 
 def get_embedding_provider(config: EmbeddingConfig) -> EmbeddingProvider:

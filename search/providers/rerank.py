@@ -34,7 +34,7 @@ import structlog
 from cachetools import TTLCache
 from prometheus_client import Counter, Gauge
 
-from search.providers.breaker import CircuitBreaker, CircuitOpenError
+from search.providers.breaker import BreakerRegistry, CircuitBreaker, CircuitOpenError
 from search.providers.embedding import INPUT_REJECTED_STATUSES
 
 logger = structlog.get_logger(__name__)
@@ -529,21 +529,14 @@ def available_rerank_providers() -> list[str]:
 
 
 _rerankers: dict[RerankConfig, GuardedReranker] = {}
-# 断路器按名字共享：同一个 provider:model 只有一个状态（与指标的 name 标签一一对应）
-_breakers: dict[str, CircuitBreaker] = {}
+_breakers = BreakerRegistry()
 _registry_lock = threading.Lock()
 
 
 def rerank_breaker(config: RerankConfig) -> CircuitBreaker:
-    """该配置对应的断路器（不存在则创建；阈值与恢复时间取第一次创建时的配置）。"""
-    name = config.breaker_name
-    with _registry_lock:
-        breaker = _breakers.get(name)
-        if breaker is None:
-            breaker = CircuitBreaker(name, failure_threshold=config.failure_threshold,
-                                     reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
-            _breakers[name] = breaker
-        return breaker
+    """该配置对应的断路器（不存在则创建）。"""
+    return _breakers.get(config.breaker_name, failure_threshold=config.failure_threshold,
+                         reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
 
 
 def get_reranker(config: RerankConfig) -> GuardedReranker:
