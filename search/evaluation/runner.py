@@ -32,6 +32,7 @@ from search.evaluation.metrics import (
     percentile,
     recall_at_k,
 )
+from search.query_embeddings import clear_query_embeddings
 
 # 评测方式 → (检索方式, 是否重排序)
 MODES: dict[str, tuple[services.Mode, bool]] = {
@@ -145,6 +146,8 @@ def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_p
 def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Progress = no_progress) -> ModeReport:
     search_mode, rerank = MODES[mode]
     report = ModeReport(mode)
+    # 每种方式从冷的查询向量缓存开始：否则后跑的方式命中前面留下的缓存，延迟不可比
+    clear_query_embeddings()
     sums: dict[str, float] = {}
     latencies: list[float] = []
     for query in progress(dataset.queries, mode):
