@@ -32,7 +32,8 @@ def route_template(request: HttpRequest) -> str:
     return "/" + route
 
 
-def _is_api_path(path: str) -> bool:
+def is_api_path(path: str) -> bool:
+    """业务 API（英文错误信息、JSON 错误页）与给人看的页面（管理后台、文档、检索调试页）的分界。"""
     return not path.startswith(("/admin/", "/api/docs/", "/playground/")) and path != "/"
 
 
@@ -54,7 +55,7 @@ class RequestContextMiddleware:
         if upstream:
             fields["upstream_request_id"] = upstream[:128]
         # API 面向程序：错误信息固定用英文，便于调用方匹配；admin 与页面面向维护者，用中文
-        language = "en" if _is_api_path(request.path) else settings.LANGUAGE_CODE
+        language = "en" if is_api_path(request.path) else settings.LANGUAGE_CODE
         with structlog.contextvars.bound_contextvars(**fields), translation.override(language):
             response = self.get_response(request)
             duration = time.perf_counter() - started

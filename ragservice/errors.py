@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from django.http import HttpRequest, JsonResponse
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import permission_denied
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from ops.context import current_request_id
+from ops.middleware import is_api_path
 
 logger = structlog.get_logger("ragservice.errors")
 
@@ -210,8 +213,10 @@ def handler400(request: HttpRequest, exception: Exception | None = None) -> Json
     return _json_error(400, ErrorCode.VALIDATION_ERROR, "Bad request")
 
 
-def handler403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    """Django 层的拒绝（如 CSRF 校验失败）。"""
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django 层的拒绝（如 CSRF 校验失败）。管理后台与检索调试页给人看，用 Django 的 HTML 403 页。"""
+    if not is_api_path(request.path):
+        return permission_denied(request, exception or PermissionDenied())
     return _json_error(403, ErrorCode.PERMISSION_DENIED, "Forbidden")
 
 

@@ -385,3 +385,15 @@ def test_add_form_creates_kb_through_service(admin_client):
     assert response.status_code == 200
     kb = KnowledgeBase.objects.get(name="admin-kb")
     assert kb.description == "d" and kb.status == KnowledgeBase.Status.ENABLED
+
+
+def test_admin_permission_denied_is_an_html_page(client, django_user_model, kb_factory):
+    """没有对应权限的维护者看到的是 Django 的 HTML 403 页，而不是 API 的 JSON 错误体；API 路径仍是 JSON。"""
+    staff = django_user_model.objects.create_user("viewer", password="pw-123456", is_staff=True)
+    client.force_login(staff)
+    kb = kb_factory()
+    response = client.get(reverse("admin:knowledge_knowledgebase_change", args=[kb.pk]))
+    assert response.status_code == 403
+    assert response["Content-Type"].startswith("text/html")
+    api = client.post("/knowledge_bases", {"name": "x"}, content_type="application/json")
+    assert api.status_code in (401, 403) and api["Content-Type"].startswith("application/json")
