@@ -106,6 +106,19 @@ def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
     return error
 
 
+class FakeClock:
+    """可手动推进的单调时钟（断路器、缓存 TTL 等测试共用）。"""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FakeEmbedder:
     """确定性的假 embedding：按文本哈希生成单位向量，并记录调用次数。"""
 

@@ -15,21 +15,9 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from search.providers.breaker import BREAKER_STATE, CircuitBreaker, CircuitOpenError
+from tests.conftest import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class FakeClock:
-    """可手动推进的单调时钟。"""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Boom(Exception):

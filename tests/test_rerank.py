@@ -41,6 +41,7 @@ from search.providers.rerank import (
     sigmoid,
 )
 from search.rerankers import configured_reranker, rerank_config
+from tests.conftest import FakeClock
 from tests.fake_http import FakeJsonServer
 from tests.model_fixtures import tiny_reranker_model_dir  # noqa: F401
 
@@ -53,19 +54,6 @@ def _fresh_rerankers() -> Iterator[None]:
     clear_rerankers()
     yield
     clear_rerankers()
-
-
-class FakeClock:
-    """可手动推进的单调时钟（断路器与缓存 TTL 共用）。"""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class FakeProvider:
