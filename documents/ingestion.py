@@ -36,7 +36,7 @@ from ops import metrics
 from ops.locks import advisory_lock, any_advisory_lock
 from ops.retry import backoff_seconds, schedule_task
 from search.embedders import embedder
-from search.fulltext import chunk_titles, document_tsvector
+from search.fulltext import chunk_titles, document_terms
 from search.providers.breaker import CircuitOpenError
 from search.providers.embedding import EmbeddingError, EmbeddingProvider
 
@@ -217,7 +217,8 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
                vectors: Sequence[np.ndarray | None], ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
     """COPY 用的行。每个分块的元数据 = 文档元数据 + 文件名、序号、标题路径、位置、字符偏移。
 
-    ``search_vector`` 是 tsvector 字面量（COPY 文本格式直接接受）：标题部分权重 A，正文权重 B。
+    ``search_vector`` 是 tsvector 字面量（COPY 文本格式直接接受）：标题部分权重 A，正文权重 B；
+    ``search_length`` 是其中的词数（BM25 的文档长度）。知识库的 BM25 统计由表上的触发器随 COPY 一起更新。
     """
     starts, places = _locations(parsed)
     now = timezone.now()
@@ -237,16 +238,17 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         }
         parent_id = ids[draft.parent] if draft.parent is not None else None
         titles = chunk_titles(run.document.filename, run.document.metadata.get("title"), draft.heading_path)
+        search_vector, search_length = document_terms(draft.text, titles)
         yield (
             ids[index], run.kb.id, run.document.id, index, draft.text, json.dumps(metadata, ensure_ascii=False),
             _vector_literal(vector), dim if vector is not None else None, draft.role, parent_id,
-            draft.token_count, text_hash(draft.text), document_tsvector(draft.text, titles), now,
+            draft.token_count, text_hash(draft.text), search_vector, search_length, now,
         )
 
 
 _COPY_SQL = (
     "COPY document_chunks (id, knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding, "
-    "embedding_dim, role, parent_id, token_count, text_hash, search_vector, created_at) FROM STDIN"
+    "embedding_dim, role, parent_id, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN"
 )
 
 

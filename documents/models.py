@@ -130,6 +130,8 @@ class DocumentChunk(models.Model):
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
     # 由 search.fulltext.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关
     search_vector = SearchVectorField("全文索引", null=True, blank=True)
+    # search_vector 里的词数（标题 + 正文）：BM25 的文档长度；知识库级统计由数据库触发器维护（见 search.bm25）
+    search_length = models.PositiveIntegerField("全文词数", db_default=0)
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
 
     class Meta:

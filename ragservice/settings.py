@@ -236,6 +236,23 @@ MAX_TOP_K = env_int("RAG_MAX_TOP_K", 20, "POST /search 的 top_k 上限（默认
 MAX_RERANK_CANDIDATES = env_int("RAG_MAX_RERANK_CANDIDATES", 100,
                                 "每路召回的候选数上限：min(top_k*3, 本值)", minimum=1)
 RRF_K = env_int("RAG_RRF_K", 60, "RRF 融合常数 k：score = Σ 1/(k + rank)", minimum=1)
+FULLTEXT_ANALYZER = env_str(
+    "RAG_FULLTEXT_ANALYZER", "bigram",
+    "全文索引的中文切法：bigram（字 bigram，默认）或 jieba（词典分词）；改动后运行 manage.py rebuild_fulltext",
+    choices=("bigram", "jieba"))
+FULLTEXT_RANKING = env_str("RAG_FULLTEXT_RANKING", "bm25",
+                           "全文检索排序：bm25（知识库级 IDF 与长度归一，默认）或 ts_rank_cd（PostgreSQL 内置）",
+                           choices=("bm25", "ts_rank_cd"))
+BM25_K1 = env_float("RAG_BM25_K1", 0.9, "BM25 的词频饱和参数 k1", minimum=0.0)
+BM25_B = env_float("RAG_BM25_B", 0.4, "BM25 的长度归一参数 b（0~1）", minimum=0.0)
+BM25_TITLE_WEIGHT = env_float("RAG_BM25_TITLE_WEIGHT", 2.0,
+                              "BM25F 式字段权重：文件名/标题/标题路径里出现一次折合正文的几次", minimum=0.01)
+BM25_CANDIDATE_BUDGET = env_int(
+    "RAG_BM25_CANDIDATE_BUDGET", 4000,
+    "BM25 先只用最稀有的查询词取候选，直到这些词的文档频率之和达到本值；上界证明结果不精确时再逐步加词",
+    minimum=1)
+BM25_MAX_CANDIDATES = env_int("RAG_BM25_MAX_CANDIDATES", 100000,
+                              "BM25 取候选的文档频率之和上限（只含极常见词的查询在此截断，保证有界）", minimum=1)
 EXACT_SEARCH_MAX_CHUNKS = env_int(
     "RAG_EXACT_SEARCH_MAX_CHUNKS", 20000,
     "知识库可检索分块不超过此数时向量检索走精确扫描（召回 100%），更大的走 HNSW 迭代扫描", minimum=0)

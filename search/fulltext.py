@@ -4,13 +4,17 @@
 同一段文本在不同部署上会得到不同的词位。这里的全部处理与数据库 locale 无关：
 
 - 归一化：NFKC（全角 → 半角）→ 繁体 → 简体（OpenCC t2s）→ 小写；
-- 切词：汉字串交给 jieba，其余按“字母/数字串”切开；英文词做 Snowball 词干（running/runs → run），数字保留，
-  标点与空白丢弃；
-- 位置：每个精确模式的词占一个位置（从 1 开始，上限 16383，与 PostgreSQL 一致）；搜索模式切出的子词
-  （中华人民共和国 → 中华/华人/人民/共和/共和国）与所属的词同一位置，所以“只含子词的查询”能命中长词，
-  相邻的精确词之间的短语查询（``<->``）也成立；
+- 切词（``RAG_FULLTEXT_ANALYZER``）：其余按“字母/数字串”切开，英文词做 Snowball 词干（running/runs → run），
+  数字保留，标点与空白丢弃；汉字串有两种切法：
+  - ``bigram``（默认）：每个字起一个字 bigram（“高血压药” → 高血/血压/压药），串尾的字再单独一个 unigram（药），
+    于是每个汉字正好占一个位置。与分词词典无关：新词、错别字、“伪原创”换词、繁简混排都不漏；
+    在开发集上与 jieba 词的对比见 docs/EVALUATION.md（BM25 下 bigram 明显更好，且每个查询的词位更少）。
+    查询里孤立的单字用前缀匹配（``'肝':*``），能命中以它开头的任何 bigram；
+  - ``jieba``：精确模式的词，搜索模式切出的子词（中华人民共和国 → 中华/华人/人民/共和/共和国）与所属的词同一位置；
+- 位置：每个词占一个位置（从 1 开始，上限 16383，与 PostgreSQL 一致），所以相邻词之间的短语查询（``<->``）成立；
 - 停用词（虚词、疑问词）保留在文档里（短语与精确匹配仍然成立），只从查询词里去掉；
-  整个查询都是停用词时保留原词，停用词永远不会让查询变空。
+  整个查询都是停用词时保留原词，停用词永远不会让查询变空。bigram 模式下汉字不做停用词处理：
+  BM25 的 IDF 自然压低“的是”“什么”这类高频 bigram。
 
 查询语法见 :func:`parse_query`。
 """
@@ -27,11 +31,14 @@ from functools import lru_cache
 from typing import Any, Literal
 
 __all__ = [
+    "ANALYZERS",
     "MAX_POSITION",
     "ParsedQuery",
+    "QueryTerm",
     "QueryType",
     "Word",
     "chunk_titles",
+    "document_terms",
     "document_tsvector",
     "normalize",
     "parse_query",
@@ -76,13 +83,23 @@ most other some only own same too very just
 """.split())  # noqa: SIM905
 
 
+Analyzer = Literal["bigram", "jieba"]
+ANALYZERS: tuple[Analyzer, ...] = ("bigram", "jieba")
+
+
 @dataclass(frozen=True, slots=True)
 class Word:
-    """精确模式切出的一个词：词位、是否停用词、搜索模式的子词（与它同一位置）。"""
+    """占一个位置的词：词位、是否停用词、搜索模式的子词（jieba 模式，与它同一位置）。
+
+    bigram 模式的两个标记只影响查询：``prefix`` 是孤立的单字（查询时用前缀匹配），``tail`` 是多字汉字串
+    串尾的 unigram（文档里它只出现在串尾，查询时只在短语中间用来衔接后面的英文/数字词）。
+    """
 
     lexeme: str
     stop: bool = False
     subwords: tuple[str, ...] = ()
+    prefix: bool = False
+    tail: bool = False
 
 
 # ---------------------------------------------------------------- 懒加载的 jieba / OpenCC / 词干器
@@ -216,6 +233,19 @@ def _han_words(run: str) -> tuple[Word, ...]:
     return _segment_cached(run) if len(run) <= 64 else _segment(run)
 
 
+def _bigrams(run: str) -> list[Word]:
+    """一段纯汉字 → 每个字一个位置：字 bigram，串尾补一个 unigram；单字的串就是一个（可前缀匹配的）单字。"""
+    if len(run) == 1:
+        return [Word(run, prefix=True)]
+    return [*(Word(run[i:i + 2]) for i in range(len(run) - 1)), Word(run[-1], tail=True)]
+
+
+def _analyzer() -> Analyzer:
+    from django.conf import settings
+
+    return settings.FULLTEXT_ANALYZER  # type: ignore[return-value]
+
+
 def _other_word(word: str) -> Word | None:
     if len(word) > MAX_TOKEN_CHARS:
         return None
@@ -224,13 +254,17 @@ def _other_word(word: str) -> Word | None:
     return Word(word)
 
 
-def tokenize(text: str) -> list[Word]:
-    """把文本切成精确模式的词序列（先 :func:`normalize`）；标点与空白不产生词。"""
+def tokenize(text: str, analyzer: Analyzer | None = None) -> list[Word]:
+    """把文本切成词序列（先 :func:`normalize`），每个词一个位置；标点与空白不产生词。
+
+    ``analyzer`` 默认取 ``RAG_FULLTEXT_ANALYZER``；文档与查询必须用同一种切法。
+    """
+    bigram = (analyzer or _analyzer()) == "bigram"
     words: list[Word] = []
     for match in _TOKEN_RE.finditer(normalize(text)):
         han = match.group("han")
         if han is not None:
-            words.extend(_han_words(han))
+            words.extend(_bigrams(han) if bigram else _han_words(han))
         elif (word := _other_word(match.group("word"))) is not None:
             words.append(word)
     return words
@@ -251,6 +285,8 @@ class _VectorBuilder:
         self.entries: dict[str, dict[int, str]] = {}
         self.position = 0
         self.size = 0
+        # 词数（不含各部分之间的空位）：BM25 的文档长度
+        self.length = 0
 
     def add(self, lexeme: str, position: int, weight: str) -> None:
         positions = self.entries.get(lexeme)
@@ -270,6 +306,7 @@ class _VectorBuilder:
             return
         if self.position:
             self.position += 1  # 各部分之间空一个位置：短语查询不会跨越标题与正文的边界
+        self.length += len(words)
         for word in words:
             self.position += 1
             position = min(self.position, MAX_POSITION)
@@ -284,16 +321,21 @@ class _VectorBuilder:
         )
 
 
-def document_tsvector(body: str, titles: Sequence[str] = ()) -> str:
-    """分块的 tsvector 字面量：标题部分（文件名、文档标题、标题路径）权重 A 且位置在前，正文权重 B。
+def document_terms(body: str, titles: Sequence[str] = ()) -> tuple[str, int]:
+    """分块的 (tsvector 字面量, 词数)：标题部分（文件名、文档标题、标题路径）权重 A 且位置在前，正文权重 B。
 
-    例：``'中国':1A,5B 'run':3B``；没有任何词时返回 ``''``（空 tsvector）。
+    例：``'中国':1A,5B 'run':3B``；没有任何词时是 ``''``（空 tsvector）。词数是 BM25 的文档长度，标题与正文都算。
     """
     builder = _VectorBuilder()
     for title in titles:
         builder.add_text(title, "A")
     builder.add_text(body, "B")
-    return builder.literal()
+    return builder.literal(), builder.length
+
+
+def document_tsvector(body: str, titles: Sequence[str] = ()) -> str:
+    """:func:`document_terms` 的 tsvector 部分。"""
+    return document_terms(body, titles)[0]
 
 
 def chunk_titles(filename: str, title: object = None, heading_path: Iterable[object] = ()) -> list[str]:
@@ -315,12 +357,27 @@ QueryType = Literal["plain", "phrase", "boolean", "exact"]
 
 
 @dataclass(frozen=True, slots=True)
+class QueryTerm:
+    """BM25 打分用的一个查询词：词位、是否前缀匹配、在查询里出现的次数。"""
+
+    lexeme: str
+    prefix: bool = False
+    count: int = 1
+
+    @property
+    def operand(self) -> str:
+        """tsquery 里的写法：``'词'`` 或 ``'词':*``。"""
+        return quote_lexeme(self.lexeme) + (":*" if self.prefix else "")
+
+
+@dataclass(frozen=True, slots=True)
 class ParsedQuery:
     """:func:`parse_query` 的结果。
 
     - ``tsquery``：用于 ``search_vector @@ %s::tsquery`` 的字面量；空串表示没有可检索的词，应跳过全文检索；
     - ``rank_tsquery``：用于 ``ts_rank_cd`` 的字面量。phrase 类型里它在必需短语之外再 OR 上其余词，
       让覆盖更多词的分块排名更高；其他类型与 ``tsquery`` 的正向部分相同；
+    - ``terms``：BM25 打分的查询词（正向部分的全部词，去重计数）；
     - ``phrases``：仅 exact 类型有值，是用户输入的引号内原文（未归一化），SQL 应再要求
       ``strpos(lower(chunk_text), lower(phrase)) > 0``；
     - ``exclude``：boolean 类型中 ``-词`` 的 OR 组合（或空串），方便向量检索一路也排除这些分块。
@@ -331,6 +388,7 @@ class ParsedQuery:
     phrases: tuple[str, ...] = ()
     rank_tsquery: str = ""
     exclude: str = ""
+    terms: tuple[QueryTerm, ...] = ()
 
 
 # 引号串（英文双引号、全角双引号、中文弯引号、直角引号，可带前缀 -）| OR 运算符 | 空白分隔的词 | 其余单个字符
@@ -391,35 +449,56 @@ def _and(parts: Sequence[str]) -> str:
     return parts[0] if len(parts) == 1 else "(" + " & ".join(parts) + ")"
 
 
+def _operand(word: Word) -> str:
+    return quote_lexeme(word.lexeme) + (":*" if word.prefix else "")
+
+
+def _phrase_words(words: Sequence[Word]) -> list[Word]:
+    """短语里要串起来的词：结尾的串尾 unigram 去掉（文档里这个字后面可能还有字，它就不是 unigram 了）。"""
+    words = list(words[:MAX_PHRASE_WORDS])
+    if len(words) > 1 and words[-1].tail:
+        words.pop()
+    return words
+
+
 def _chain(words: Sequence[Word]) -> str:
-    """短语：精确模式的词（含停用词，文档里也有）按相邻位置串起来。"""
-    lexemes = [quote_lexeme(w.lexeme) for w in words[:MAX_PHRASE_WORDS]]
-    return lexemes[0] if len(lexemes) == 1 else "(" + " <-> ".join(lexemes) + ")"
+    """短语：词（含停用词，文档里也有）按相邻位置串起来。"""
+    operands = [_operand(w) for w in _phrase_words(words)]
+    return operands[0] if len(operands) == 1 else "(" + " <-> ".join(operands) + ")"
 
 
 def _keep(words: Sequence[Word]) -> list[Word]:
-    """去掉停用词；全是停用词时原样保留，停用词不会让查询变空。"""
+    """去掉停用词与串尾 unigram（bigram 已覆盖那个字）；全是停用词时保留，停用词不会让查询变空。"""
+    words = [w for w in words if not w.tail]
     content = [w for w in words if not w.stop]
-    return content or list(words)
+    return content or words
 
 
-def _plain_lexemes(words: Sequence[Word]) -> list[str]:
-    """plain 查询的词位：非停用词及其子词（子词是停用词的也去掉），全是停用词时保留全部。"""
-    lexemes: dict[str, None] = {}
-    for word in words:
-        if not word.stop:
-            lexemes[word.lexeme] = None
-            lexemes.update((sub, None) for sub in word.subwords if sub not in CHINESE_STOPWORDS)
-    if not lexemes:
-        for word in words:
-            lexemes[word.lexeme] = None
-            lexemes.update((sub, None) for sub in word.subwords)
-    return [quote_lexeme(lexeme) for lexeme in list(lexemes)[:MAX_QUERY_LEXEMES]]
+def _count_terms(pairs: Iterable[tuple[str, bool]]) -> list[QueryTerm]:
+    counts: dict[tuple[str, bool], int] = {}
+    for pair in pairs:
+        counts[pair] = counts.get(pair, 0) + 1
+    return [QueryTerm(lexeme, prefix, count) for (lexeme, prefix), count in counts.items()][:MAX_QUERY_LEXEMES]
+
+
+def _plain_terms(words: Sequence[Word]) -> list[QueryTerm]:
+    """plain 查询的词：非停用词及其子词（子词是停用词的也去掉），全是停用词时保留全部；不含串尾 unigram。"""
+    pairs: list[tuple[str, bool]] = []
+    for word in _keep(words):
+        pairs.append((word.lexeme, word.prefix))
+        keep_stop_subwords = word.stop  # 只剩停用词时，子词也照单全收
+        pairs.extend((sub, False) for sub in word.subwords if keep_stop_subwords or sub not in CHINESE_STOPWORDS)
+    return _count_terms(pairs)
+
+
+def _phrase_terms(words: Sequence[Word]) -> list[QueryTerm]:
+    return _count_terms((w.lexeme, w.prefix) for w in _phrase_words(words))
 
 
 def _boolean(items: Sequence[_Item]) -> ParsedQuery:
     clauses: list[list[str]] = []
     excluded: list[str] = []
+    terms: list[QueryTerm] = []
     pending_or = last_positive = False
     for item in items:
         if item.kind == "or":
@@ -431,8 +510,11 @@ def _boolean(items: Sequence[_Item]) -> ParsedQuery:
             continue
         if item.kind == "quote":
             expression = _chain(item.words)
+            terms.extend(_phrase_terms(item.words))
         else:
-            expression = _and([quote_lexeme(w.lexeme) for w in _keep(item.words)[:MAX_QUERY_LEXEMES]])
+            kept = _keep(item.words)[:MAX_QUERY_LEXEMES]
+            expression = _and([_operand(w) for w in kept])
+            terms.extend(_count_terms((w.lexeme, w.prefix) for w in kept))
         if pending_or and last_positive:
             clauses[-1].append(expression)
         else:
@@ -444,7 +526,12 @@ def _boolean(items: Sequence[_Item]) -> ParsedQuery:
         return ParsedQuery("boolean", "", exclude=exclude)
     positive = _and([_or(alternatives) for alternatives in clauses])
     tsquery = _and([positive, *(f"!{expression}" for expression in dict.fromkeys(excluded))])
-    return ParsedQuery("boolean", tsquery, rank_tsquery=positive, exclude=exclude)
+    return ParsedQuery("boolean", tsquery, rank_tsquery=positive, exclude=exclude, terms=_merge(terms))
+
+
+def _merge(terms: Iterable[QueryTerm]) -> tuple[QueryTerm, ...]:
+    """合并各部分的查询词：同一词位的次数相加。"""
+    return tuple(_count_terms((t.lexeme, t.prefix) for t in terms for _ in range(t.count)))
 
 
 def parse_query(query: str) -> ParsedQuery:
@@ -478,11 +565,14 @@ def parse_query(query: str) -> ParsedQuery:
     if len(terms) == 1 and quotes:
         tsquery = _chain(quotes[0].words)
         phrase = quotes[0].text.replace("\x00", "").strip()
-        return ParsedQuery("exact", tsquery, (phrase,) if phrase else (), rank_tsquery=tsquery)
+        return ParsedQuery("exact", tsquery, (phrase,) if phrase else (), rank_tsquery=tsquery,
+                           terms=tuple(_phrase_terms(quotes[0].words)))
     if quotes:
         required = _and([_chain(item.words) for item in quotes])
-        optional = _plain_lexemes([w for item in terms if item.kind == "word" for w in item.words])
-        return ParsedQuery("phrase", required, rank_tsquery=_or([required, *optional]))
-    lexemes = _plain_lexemes([w for item in terms for w in item.words])
-    tsquery = _or(lexemes) if lexemes else ""
-    return ParsedQuery("plain", tsquery, rank_tsquery=tsquery)
+        optional = _plain_terms([w for item in terms if item.kind == "word" for w in item.words])
+        scored = _merge([*(t for item in quotes for t in _phrase_terms(item.words)), *optional])
+        return ParsedQuery("phrase", required, rank_tsquery=_or([required, *(t.operand for t in optional)]),
+                           terms=scored)
+    plain = _plain_terms([w for item in terms for w in item.words])
+    tsquery = _or([t.operand for t in plain]) if plain else ""
+    return ParsedQuery("plain", tsquery, rank_tsquery=tsquery, terms=tuple(plain))

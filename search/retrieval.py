@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import structlog
 from django.conf import settings
 from django.db import connection, transaction
 
 from documents.models import SUPPORTED_DIMENSIONS, Document
 from knowledge.models import KnowledgeBase
+from search import bm25
 from search.fulltext import ParsedQuery
+
+logger = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class SearchFilters:
 
 @dataclass(frozen=True)
 class PathHit:
-    """某一路召回的一个分块：余弦距离（向量）或 ts_rank_cd（全文，已归一到 0~1）。"""
+    """某一路召回的一个分块：余弦距离（向量），或全文的 BM25 分数（``ts_rank_cd`` 排序时是归一到 0~1 的 rank）。"""
 
     chunk_id: int
     value: float
@@ -150,27 +154,97 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
 
 
 def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
-    """全文检索：GIN 索引上的 ``@@`` 匹配，``ts_rank_cd``（标题 A 权重、正文 B 权重；标志 32 归一到 0~1）降序。
+    """全文检索：GIN 索引上的 ``@@`` 匹配，按 ``RAG_FULLTEXT_RANKING``（默认 BM25）降序取前 ``limit`` 个。
 
     exact 查询除了词序匹配，还要求原文（不区分大小写）逐字包含引号里的内容。
     """
     if not query.tsquery:
         return []
+    if settings.FULLTEXT_RANKING == "ts_rank_cd":
+        return _ts_rank_cd_search(kb, query, filters, limit)
+    return _bm25_search(kb, query, filters, limit)
+
+
+def _match_sql(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters) -> tuple[str, list[Any]]:
+    """两种排序共用的命中条件（不含 tsquery 本身）：检索范围 + exact 查询的原文包含。"""
     scope, params = _scope_sql(kb, filters)
-    exact_sql = "".join(" AND strpos(lower(c.chunk_text), lower(%s)) > 0" for _ in query.phrases) \
-        if query.type == "exact" else ""
-    exact_params = list(query.phrases) if query.type == "exact" else []
+    if query.type == "exact":
+        scope += "".join(" AND strpos(lower(c.chunk_text), lower(%s)) > 0" for _ in query.phrases)
+        params += list(query.phrases)
+    return scope, params
+
+
+def _ts_rank_cd_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
+    """``ts_rank_cd``（标题 A 权重、正文 B 权重；标志 32 归一到 0~1）：规格点名的排序，没有 IDF 与长度归一。"""
+    scope, params = _match_sql(kb, query, filters)
     # 命中用 tsquery；排序用 rank_tsquery（phrase 查询里可选的词只抬高排名，不决定是否命中）
     sql = (
         "SELECT c.id, ts_rank_cd(c.search_vector, q.rank_query, 32) AS rank"
         " FROM document_chunks c, (SELECT %s::tsquery AS query, %s::tsquery AS rank_query) q"
-        f" WHERE c.search_vector @@ q.query AND {scope}{exact_sql}"
+        f" WHERE c.search_vector @@ q.query AND {scope}"
         " ORDER BY rank DESC, c.id LIMIT %s"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [query.tsquery, query.rank_tsquery or query.tsquery, *params, *exact_params, limit])
+        cursor.execute(sql, [query.tsquery, query.rank_tsquery or query.tsquery, *params, limit])
         rows = cursor.fetchall()
     return [PathHit(int(chunk_id), float(rank)) for chunk_id, rank in rows]
+
+
+def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
+    """BM25（见 :mod:`search.bm25`）：先用最稀有的词取候选并打分，上界不够证明结果精确时加词重来。"""
+    params = bm25.Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
+    n, avgdl, dfs = bm25.load_statistics(kb.id, query.terms)
+    terms = bm25.score_terms(query.terms, dfs, n, params)
+    if not terms:
+        return []  # 没有一个查询词出现在这个知识库里
+    budget = settings.BM25_CANDIDATE_BUDGET
+    essential = bm25.essential_count(terms, budget)
+    while True:
+        hits = _bm25_query(kb, query, filters, limit, terms, essential, avgdl, params)
+        if essential >= len(terms):
+            return hits
+        threshold = hits[limit - 1].value if len(hits) >= limit else 0.0
+        if bm25.remaining_bound(terms, essential) <= threshold:
+            return hits
+        budget *= 4
+        wider = bm25.essential_count(terms, budget, start=essential + 1)
+        if bm25.df_sum(terms, wider) > settings.BM25_MAX_CANDIDATES:
+            logger.info("bm25_candidates_capped", terms=len(terms), essential=essential,
+                        cap=settings.BM25_MAX_CANDIDATES)
+            return hits
+        essential = wider
+
+
+def _bm25_query(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int,
+                terms: Sequence[bm25.ScoredTerm], essential: int, avgdl: float,
+                params: bm25.Bm25Params) -> list[PathHit]:
+    """对“含前 ``essential`` 个词之一（且满足查询的必需条件）”的分块算 BM25，取前 ``limit`` 个。"""
+    scope, scope_params = _match_sql(kb, query, filters)
+    candidates = "(" + " | ".join(t.term.operand for t in terms[:essential]) + ")"
+    # plain 查询本身就是各词的 OR，候选条件已经蕴含它；其余类型还要满足必需的短语 / 布尔条件
+    match = candidates if query.type == "plain" else f"({query.tsquery}) & {candidates}"
+    weights, scale = params.rank_weights()
+    # 每个词的加权词频在 LATERAL 里算一次；SQL 片段只由参数占位符组成，词位与数值都走参数
+    tf_columns = ", ".join(f"ts_rank_cd(%s::float4[], c.search_vector, %s::tsquery, 0) * %s AS tf{i}"
+                           for i in range(len(terms)))
+    score = " + ".join(f"%s * tf.tf{i} / (tf.tf{i} + n.norm)" for i in range(len(terms)))
+    sql = (
+        f"SELECT c.id, ({score}) AS score"
+        " FROM document_chunks c,"
+        " LATERAL (SELECT %s * (1 - %s + %s * c.search_length / %s) AS norm) n,"
+        f" LATERAL (SELECT {tf_columns}) tf"
+        f" WHERE c.search_vector @@ %s::tsquery AND {scope}"
+        " ORDER BY score DESC, c.id LIMIT %s"
+    )
+    args: list[Any] = [t.idf * (params.k1 + 1) for t in terms]
+    args += [params.k1, params.b, params.b, max(avgdl, 1e-9)]
+    for t in terms:
+        args += [weights, t.term.operand, scale]
+    args += [match, *scope_params, limit]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, args)
+        rows = cursor.fetchall()
+    return [PathHit(int(chunk_id), float(value)) for chunk_id, value in rows]
 
 
 def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:

@@ -1,4 +1,8 @@
-"""中文全文检索构件：归一化、切词、tsvector / tsquery 字面量，真实 PostgreSQL 往返，摄取写入与迁移回填。"""
+"""中文全文检索构件（jieba 切法）：归一化、切词、tsvector / tsquery 字面量，真实 PostgreSQL 往返，摄取写入与迁移回填。
+
+默认的字 bigram 切法与 BM25 排序见 tests/test_bm25.py；这里固定 RAG_FULLTEXT_ANALYZER=jieba，
+保证可选的 jieba 切法行为不变。
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,12 @@ from search.fulltext import (
     tokenize,
 )
 from tests.test_documents_api import BID_TEXT, upload
+
+
+@pytest.fixture(autouse=True)
+def jieba_analyzer(settings):
+    settings.FULLTEXT_ANALYZER = "jieba"
+
 
 PROPERTY = hsettings(max_examples=150, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -1,0 +1,207 @@
+"""PostgreSQL 里的 BM25：知识库级统计的维护与核对，以及打分用到的纯函数。
+
+打分公式（Lucene 的 IDF，BM25F 式字段权重）::
+
+    score(d, q) = Σ_t  qtf_t · idf_t · tf_t·(k1+1) / (tf_t + k1·(1 - b + b·dl/avgdl))
+    idf_t = ln(1 + (N - df_t + 0.5) / (df_t + 0.5))
+
+- ``tf_t``：词 t 在分块里的加权次数：正文出现一次记 1，标题部分（文件名、文档标题、标题路径）记
+  ``RAG_BM25_TITLE_WEIGHT``。SQL 里用单词查询的 ``ts_rank_cd(权重, search_vector, 't', 0)`` 取得——
+  单个词的覆盖就是它的每次出现，结果正是各位置权重之和；
+- ``dl``：``document_chunks.search_length``；``N``、``avgdl``、``df_t``：``fulltext_kb_stats`` 与
+  ``fulltext_term_stats``，由触发器在让分块可见/消失的同一事务里维护（见迁移 ``search.0001``）。
+
+候选集（MaxScore 思路，结果可证明与全量打分一致）：按 IDF 从高到低取查询词，直到它们的 df 之和达到
+``RAG_BM25_CANDIDATE_BUDGET``，只对至少含其中一个词的分块打分；其余词对任何分块的贡献不超过
+``idf·qtf·(k1+1)``，若这些上界之和不超过第 ``limit`` 名的分数，没进候选的分块不可能挤进前 ``limit``，
+结果精确；否则加词重来。只含极常见词的查询在 ``RAG_BM25_MAX_CANDIDATES`` 处截断，工作量有界。
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db import connection
+
+from search.fulltext import QueryTerm, chunk_titles, document_terms
+
+# 只统计可检索的分块；与触发器里的条件一致
+_SEARCHABLE = "role <> 'parent'"
+
+
+@dataclass(frozen=True)
+class Bm25Params:
+    k1: float
+    b: float
+    title_weight: float
+
+    def rank_weights(self) -> tuple[list[float], float]:
+        """``ts_rank_cd`` 的权重数组 {D, C, B, A} 与还原倍数：权重不能超过 1，所以按最大者缩放后再乘回来。"""
+        scale = max(self.title_weight, 1.0)
+        return [0.1, 0.2, 1.0 / scale, self.title_weight / scale], scale
+
+
+@dataclass(frozen=True)
+class ScoredTerm:
+    """带统计的查询词：文档频率、IDF、单个分块能从它得到的最高分（上界）。"""
+
+    term: QueryTerm
+    df: int
+    idf: float
+    upper_bound: float
+
+
+def idf(df: int, n: int) -> float:
+    """Lucene 的 BM25 IDF，总是正数：极常见的词接近 0，但不会变成负分。"""
+    df = min(max(df, 0), n)
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
+def score_terms(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int,
+                params: Bm25Params) -> list[ScoredTerm]:
+    """按 IDF 从高到低（同 IDF 按词位）排好的查询词；知识库里没有的词（df=0）丢掉：它不会命中任何分块。"""
+    scored = []
+    for term in terms:
+        df = dfs.get((term.lexeme, term.prefix), 0)
+        if df <= 0:
+            continue
+        weight = idf(df, n) * term.count
+        scored.append(ScoredTerm(term, df, weight, weight * (params.k1 + 1)))
+    scored.sort(key=lambda s: (-s.idf, s.term.lexeme))
+    return scored
+
+
+def essential_count(terms: Sequence[ScoredTerm], budget: int, start: int = 1) -> int:
+    """取候选用的词数：至少 ``start`` 个，继续按 IDF 从高到低加词，直到它们的 df 之和达到 ``budget``。"""
+    count, total = 0, 0
+    for term in terms:
+        if count >= start and total >= budget:
+            break
+        count += 1
+        total += term.df
+    return count
+
+
+def remaining_bound(terms: Sequence[ScoredTerm], essential: int) -> float:
+    """不在候选词里的那些词，能给一个分块带来的最高总分。"""
+    return sum(term.upper_bound for term in terms[essential:])
+
+
+def df_sum(terms: Sequence[ScoredTerm], count: int) -> int:
+    return sum(term.df for term in terms[:count])
+
+
+# ---------------------------------------------------------------- 统计：读取、重算、核对
+
+
+def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> tuple[int, float, dict[tuple[str, bool], int]]:
+    """(分块数 N, 平均词数 avgdl, {(词位, 前缀?): df})。前缀词的 df 取以它开头的各词位 df 之和（上限 N）。"""
+    exact = [t.lexeme for t in terms if not t.prefix]
+    prefixes = [t.lexeme for t in terms if t.prefix]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
+                       [kb_id])
+        row = cursor.fetchone()
+        n, total = (int(row[0]), int(row[1])) if row else (0, 0)
+        dfs: dict[tuple[str, bool], int] = {}
+        if n <= 0:
+            return 0, 0.0, dfs
+        if exact:
+            cursor.execute("SELECT lexeme, df FROM fulltext_term_stats WHERE knowledge_base_id = %s"
+                           " AND lexeme = ANY(%s::text[])", [kb_id, exact])
+            dfs.update(((lexeme, False), int(df)) for lexeme, df in cursor.fetchall())
+        for prefix in prefixes:
+            # 主键是 (知识库, 词位 COLLATE "C")：前缀就是一段连续的主键范围
+            cursor.execute("SELECT coalesce(sum(df), 0) FROM fulltext_term_stats WHERE knowledge_base_id = %s"
+                           " AND lexeme >= %s AND lexeme < %s", [kb_id, prefix, prefix + "\U0010ffff"])
+            dfs[(prefix, True)] = min(int(cursor.fetchone()[0]), n)
+    return n, total / n, dfs
+
+
+_RECOUNT_KB_SQL = f"""
+    SELECT %s::uuid, count(*), coalesce(sum(search_length), 0)
+    FROM document_chunks WHERE knowledge_base_id = %s AND {_SEARCHABLE}
+"""
+_RECOUNT_TERMS_SQL = f"""
+    SELECT %s::uuid, lexeme, count(*)
+    FROM document_chunks, unnest(tsvector_to_array(search_vector)) AS lexeme
+    WHERE knowledge_base_id = %s AND {_SEARCHABLE}
+    GROUP BY lexeme
+"""
+
+
+def rebuild_statistics(kb_id: uuid.UUID) -> None:
+    """按分块重算一个知识库的统计（锁住统计行，与并发写入的触发器互斥）。迁移、修复与测试使用。"""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO fulltext_kb_stats (knowledge_base_id, chunk_count, total_length)"
+                       " VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
+        cursor.execute("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb_id])
+        cursor.execute("DELETE FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
+        cursor.execute("INSERT INTO fulltext_term_stats (knowledge_base_id, lexeme, df) " + _RECOUNT_TERMS_SQL,
+                       [kb_id, kb_id])
+        cursor.execute("UPDATE fulltext_kb_stats s SET chunk_count = r.n, total_length = r.len"
+                       f" FROM ({_RECOUNT_KB_SQL}) AS r(kb, n, len) WHERE s.knowledge_base_id = r.kb",
+                       [kb_id, kb_id])
+
+
+def statistics_mismatches(kb_id: uuid.UUID) -> list[str]:
+    """存储的统计与按分块重算的差异（人能读的描述）；空列表表示完全一致。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
+                       [kb_id])
+        stored_kb = cursor.fetchone() or (0, 0)
+        cursor.execute(_RECOUNT_KB_SQL, [kb_id, kb_id])
+        counted_kb = cursor.fetchone()[1:]
+        cursor.execute("SELECT lexeme, df FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
+        stored = {lexeme: int(df) for lexeme, df in cursor.fetchall()}
+        cursor.execute(_RECOUNT_TERMS_SQL, [kb_id, kb_id])
+        counted = {lexeme: int(df) for _, lexeme, df in cursor.fetchall()}
+    problems = []
+    if tuple(map(int, stored_kb)) != tuple(map(int, counted_kb)):
+        problems.append(f"chunks/length stored {tuple(stored_kb)} != counted {tuple(counted_kb)}")
+    for lexeme in sorted(set(stored) | set(counted)):
+        if stored.get(lexeme, 0) != counted.get(lexeme, 0):
+            problems.append(f"df({lexeme!r}) stored {stored.get(lexeme)} != counted {counted.get(lexeme)}")
+    return problems
+
+
+def rebuild_search_vectors(*, kb_id: uuid.UUID | None = None, batch_size: int = 500,
+                           using_connection: object = None) -> int:
+    """按当前的切词设置重算分块的 tsvector 与词数（分批 UPDATE，触发器同步更新统计）。返回处理的行数。
+
+    改了 ``RAG_FULLTEXT_ANALYZER`` 之后由 ``manage.py rebuild_fulltext`` 调用；迁移也用它回填。
+    """
+    conn = using_connection or connection
+    last_id, updated = 0, 0
+    scope = "AND knowledge_base_id = %s" if kb_id else ""
+    while True:
+        with conn.cursor() as cursor:  # type: ignore[attr-defined]
+            cursor.execute(
+                "SELECT c.id, c.chunk_text, c.metadata::text FROM document_chunks c"
+                f" WHERE c.id > %s {scope} ORDER BY c.id LIMIT %s",
+                [last_id, *([kb_id] if kb_id else []), batch_size],
+            )
+            rows = cursor.fetchall()
+            if not rows:
+                return updated
+            ids, vectors, lengths = [], [], []
+            for chunk_id, text, metadata in rows:
+                meta = json.loads(metadata) if metadata else {}
+                meta = meta if isinstance(meta, dict) else {}
+                titles = chunk_titles(meta.get("filename") or "", meta.get("title"), meta.get("heading_path") or ())
+                vector, length = document_terms(text, titles)
+                ids.append(chunk_id)
+                vectors.append(vector)
+                lengths.append(length)
+            cursor.execute(
+                "UPDATE document_chunks AS c SET search_vector = v.sv::tsvector, search_length = v.len"
+                " FROM unnest(%s::bigint[], %s::text[], %s::int[]) AS v(id, sv, len) WHERE c.id = v.id",
+                [ids, vectors, lengths],
+            )
+        updated += len(rows)
+        last_id = ids[-1]
+

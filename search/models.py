@@ -1,0 +1,49 @@
+"""BM25 的知识库级统计：分块数、总词数、每个词位的文档频率。
+
+这两张表只由数据库触发器写（``document_chunks`` 上的语句级 AFTER INSERT/DELETE/UPDATE 触发器，见迁移
+``search.0001_bm25_statistics``）：任何让分块出现或消失的语句——摄取的 COPY、删除文档、重新索引、知识库清理、
+后台直接删——都在同一个事务里更新统计，分块可见的那一刻统计也可见，永远与分块一致，不需要定时任务。
+只统计可检索的分块（role ≠ parent）。
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from knowledge.models import KnowledgeBase
+
+
+class FulltextKbStats(models.Model):
+    """一个知识库的可检索分块数与词数之和（平均文档长度 = total_length / chunk_count）。"""
+
+    knowledge_base = models.OneToOneField(KnowledgeBase, on_delete=models.CASCADE, primary_key=True,
+                                          related_name="fulltext_stats", verbose_name="知识库")
+    chunk_count = models.BigIntegerField("分块数", default=0)
+    total_length = models.BigIntegerField("词数之和", default=0)
+
+    class Meta:
+        db_table = "fulltext_kb_stats"
+        verbose_name = "全文统计"
+        verbose_name_plural = "全文统计"
+
+    def __str__(self) -> str:
+        return f"{self.knowledge_base_id}: {self.chunk_count} chunks"
+
+
+class FulltextTermStats(models.Model):
+    """一个知识库里含某词位的可检索分块数（文档频率 df）。词位按 "C" 排序规则比较，前缀查询可走主键范围扫描。"""
+
+    pk = models.CompositePrimaryKey("knowledge_base", "lexeme")
+    # 主键的第一列就是知识库，不需要 Django 再为外键建一个索引
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="+",
+                                       db_index=False, verbose_name="知识库")
+    lexeme = models.TextField("词位", db_collation="C")
+    df = models.BigIntegerField("文档频率")
+
+    class Meta:
+        db_table = "fulltext_term_stats"
+        verbose_name = "词位文档频率"
+        verbose_name_plural = "词位文档频率"
+
+    def __str__(self) -> str:
+        return f"{self.lexeme}: {self.df}"
