@@ -236,10 +236,21 @@ MAX_TOP_K = env_int("RAG_MAX_TOP_K", 20, "POST /search 的 top_k 上限（默认
 MAX_RERANK_CANDIDATES = env_int("RAG_MAX_RERANK_CANDIDATES", 100,
                                 "每路召回的候选数上限：min(top_k*3, 本值)", minimum=1)
 RRF_K = env_int("RAG_RRF_K", 60, "RRF 融合常数 k：score = Σ 1/(k + rank)", minimum=1)
+FUSION_DEPTH = env_int("RAG_FUSION_DEPTH", 50,
+                       "混合检索每一路召回的深度（不少于 top_k*3，上限 RAG_MAX_RERANK_CANDIDATES）", minimum=1)
+FUSION_VECTOR_WEIGHT = env_float("RAG_FUSION_VECTOR_WEIGHT", 1.0, "加权 RRF 中向量一路的权重", minimum=0.0)
+FUSION_FULLTEXT_WEIGHT = env_float("RAG_FUSION_FULLTEXT_WEIGHT", 1.0, "加权 RRF 中全文一路的权重（再乘覆盖率闸门）",
+                                   minimum=0.0)
+FUSION_COVERAGE_FLOOR = env_float(
+    "RAG_FUSION_COVERAGE_FLOOR", 0.3,
+    "查询的 IDF 质量在库中出现的比例不高于此值时，全文一路不参与融合（如英文问题查中文库）", minimum=0.0)
+FUSION_COVERAGE_FULL = env_float("RAG_FUSION_COVERAGE_FULL", 0.6,
+                                 "覆盖率达到此值时全文一路取满权重，与 FLOOR 之间线性过渡", minimum=0.0)
 FULLTEXT_ANALYZER = env_str(
     "RAG_FULLTEXT_ANALYZER", "bigram",
-    "全文索引的中文切法：bigram（字 bigram，默认）或 jieba（词典分词）；改动后运行 manage.py rebuild_fulltext",
-    choices=("bigram", "jieba"))
+    "全文索引的中文切法：bigram（字 bigram，默认）、jieba（词典分词）或 jieba_bigram（bigram + jieba 的 3 字以上词）；"
+    "改动后运行 manage.py rebuild_fulltext",
+    choices=("bigram", "jieba", "jieba_bigram"))
 FULLTEXT_RANKING = env_str("RAG_FULLTEXT_RANKING", "bm25",
                            "全文检索排序：bm25（知识库级 IDF 与长度归一，默认）或 ts_rank_cd（PostgreSQL 内置）",
                            choices=("bm25", "ts_rank_cd"))

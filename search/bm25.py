@@ -75,6 +75,23 @@ def score_terms(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n:
     return scored
 
 
+def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int) -> float:
+    """查询的 IDF 质量里、知识库中真有的那部分所占比例（0~1）：全文这一路“听懂了”多少查询。
+
+    没出现过的词按 df=0 的最大 IDF 计入分母。用另一种语言提问（英文问题查中文库）时，只有人名、数字等少数词
+    能在库里找到，比例很低；用库里的语言提问时接近 1。融合按它调低全文一路的权重（见 search.fusion）。
+    """
+    if n <= 0 or not terms:
+        return 0.0
+    total = matched = 0.0
+    for term in terms:
+        df = dfs.get((term.lexeme, term.prefix), 0)
+        weight = idf(df, n) * term.count
+        total += weight
+        matched += weight if df > 0 else 0.0
+    return matched / total if total > 0 else 0.0
+
+
 def essential_count(terms: Sequence[ScoredTerm], budget: int, start: int = 1) -> int:
     """取候选用的词数：至少 ``start`` 个，继续按 IDF 从高到低加词，直到它们的 df 之和达到 ``budget``。"""
     count, total = 0, 0

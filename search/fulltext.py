@@ -25,8 +25,8 @@ import logging
 import re
 import threading
 import unicodedata
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -83,8 +83,8 @@ most other some only own same too very just
 """.split())  # noqa: SIM905
 
 
-Analyzer = Literal["bigram", "jieba"]
-ANALYZERS: tuple[Analyzer, ...] = ("bigram", "jieba")
+Analyzer = Literal["bigram", "jieba", "jieba_bigram"]
+ANALYZERS: tuple[Analyzer, ...] = ("bigram", "jieba", "jieba_bigram")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,10 +240,27 @@ def _bigrams(run: str) -> list[Word]:
     return [*(Word(run[i:i + 2]) for i in range(len(run) - 1)), Word(run[-1], tail=True)]
 
 
+def _bigrams_and_words(run: str) -> list[Word]:
+    """字 bigram 之上，把 jieba 切出的 3 字及以上的词（2 字词就是 bigram）挂在它首字的位置上，与那个 bigram 同位。"""
+    words = _bigrams(run)
+    if len(run) < 3:
+        return words
+    extra: dict[int, list[str]] = {}
+    for word, start, end in _tokenizer().tokenize(run, HMM=True):
+        if 3 <= end - start <= MAX_TOKEN_CHARS and word not in CHINESE_STOPWORDS:
+            extra.setdefault(start, []).append(word)
+    return [replace(word, subwords=tuple(extra[i])) if i in extra else word for i, word in enumerate(words)]
+
+
 def _analyzer() -> Analyzer:
     from django.conf import settings
 
     return settings.FULLTEXT_ANALYZER  # type: ignore[return-value]
+
+
+_HAN_SPLITTERS: dict[Analyzer, Callable[[str], Sequence[Word]]] = {
+    "bigram": _bigrams, "jieba": _han_words, "jieba_bigram": _bigrams_and_words,
+}
 
 
 def _other_word(word: str) -> Word | None:
@@ -259,12 +276,12 @@ def tokenize(text: str, analyzer: Analyzer | None = None) -> list[Word]:
 
     ``analyzer`` 默认取 ``RAG_FULLTEXT_ANALYZER``；文档与查询必须用同一种切法。
     """
-    bigram = (analyzer or _analyzer()) == "bigram"
+    split = _HAN_SPLITTERS[analyzer or _analyzer()]
     words: list[Word] = []
     for match in _TOKEN_RE.finditer(normalize(text)):
         han = match.group("han")
         if han is not None:
-            words.extend(_bigrams(han) if bigram else _han_words(han))
+            words.extend(split(han))
         elif (word := _other_word(match.group("word"))) is not None:
             words.append(word)
     return words

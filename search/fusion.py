@@ -26,24 +26,37 @@ class Fused:
         return min(self.ranks.values())
 
 
-def rrf_fuse(rankings: Mapping[str, Sequence[int]], k: int = 60) -> list[Fused]:
-    """Reciprocal Rank Fusion：每路第 r 名（r 从 1 起）贡献 ``1/(k+r)``，两路都命中的分数相加。
+def rrf_fuse(rankings: Mapping[str, Sequence[int]], k: int = 60,
+             weights: Mapping[str, float] | None = None) -> list[Fused]:
+    """（加权）Reciprocal Rank Fusion：路 p 的第 r 名（r 从 1 起）贡献 ``w_p/(k+r)``，各路命中的分数相加。
 
+    ``weights`` 缺省时每路权重 1（经典 RRF）；权重为 0 的路仍记录名次（调试页展示），但不影响分数。
     按分数降序；同分时依次比较最好名次、命中路数（多者优先）、key，结果完全确定。
     同一路里重复出现的 key 只按第一次（最好）的名次计。
     """
     scores: dict[int, float] = {}
     ranks: dict[int, dict[str, int]] = {}
     for path, keys in rankings.items():
+        weight = 1.0 if weights is None else weights.get(path, 1.0)
         for rank, key in enumerate(keys, start=1):
             seen = ranks.setdefault(key, {})
             if path in seen:
                 continue
             seen[path] = rank
-            scores[key] = scores.get(key, 0.0) + 1.0 / (k + rank)
+            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
     fused = [Fused(key, scores[key], ranks[key]) for key in scores]
     fused.sort(key=lambda f: (-f.score, f.best_rank, -len(f.ranks), f.key))
     return fused
+
+
+def lexical_gate(coverage: float, floor: float, full: float) -> float:
+    """全文一路的权重闸门：覆盖率 ≤ ``floor`` 时为 0（这一路只认出了人名、数字这类零星的词，排名不可信），
+    ≥ ``full`` 时为 1，中间线性过渡。``floor`` ≥ ``full`` 时退化成在 ``full`` 处的阶跃。"""
+    if coverage >= full:
+        return 1.0
+    if coverage <= floor:
+        return 0.0
+    return (coverage - floor) / (full - floor)
 
 
 def rrf_unit_score(score: float, paths: int, k: int = 60) -> float:

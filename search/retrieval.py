@@ -153,16 +153,26 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
     return hits, "exact" if exact else "hnsw"
 
 
-def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
+@dataclass(frozen=True)
+class FulltextHits:
+    """全文一路的结果：命中，以及查询的 IDF 质量在本库中出现的比例（``bm25.coverage``，融合用来调权重）。"""
+
+    hits: list[PathHit]
+    coverage: float
+
+
+def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> FulltextHits:
     """全文检索：GIN 索引上的 ``@@`` 匹配，按 ``RAG_FULLTEXT_RANKING``（默认 BM25）降序取前 ``limit`` 个。
 
     exact 查询除了词序匹配，还要求原文（不区分大小写）逐字包含引号里的内容。
     """
     if not query.tsquery:
-        return []
+        return FulltextHits([], 0.0)
+    n, avgdl, dfs = bm25.load_statistics(kb.id, query.terms)
+    cover = bm25.coverage(query.terms, dfs, n)
     if settings.FULLTEXT_RANKING == "ts_rank_cd":
-        return _ts_rank_cd_search(kb, query, filters, limit)
-    return _bm25_search(kb, query, filters, limit)
+        return FulltextHits(_ts_rank_cd_search(kb, query, filters, limit), cover)
+    return FulltextHits(_bm25_search(kb, query, filters, limit, n, avgdl, dfs), cover)
 
 
 def _match_sql(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters) -> tuple[str, list[Any]]:
@@ -190,10 +200,10 @@ def _ts_rank_cd_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFil
     return [PathHit(int(chunk_id), float(rank)) for chunk_id, rank in rows]
 
 
-def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> list[PathHit]:
+def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int,
+                 n: int, avgdl: float, dfs: dict[tuple[str, bool], int]) -> list[PathHit]:
     """BM25（见 :mod:`search.bm25`）：先用最稀有的词取候选并打分，上界不够证明结果精确时加词重来。"""
     params = bm25.Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
-    n, avgdl, dfs = bm25.load_statistics(kb.id, query.terms)
     terms = bm25.score_terms(query.terms, dfs, n, params)
     if not terms:
         return []  # 没有一个查询词出现在这个知识库里

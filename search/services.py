@@ -27,6 +27,7 @@ from search import fulltext
 from search.fusion import (
     collapse_by,
     context_window,
+    lexical_gate,
     order_by_scores,
     rrf_fuse,
     rrf_unit_score,
@@ -98,6 +99,8 @@ class SearchOutcome:
     query_type: str | None = None
     reranked: bool = False
     embedding_cached: bool | None = None
+    # 两路都参与时的 RRF 权重（调试页展示；全文一路的权重已乘上覆盖率闸门）
+    fusion_weights: dict[str, float] = field(default_factory=dict)
 
     def server_timing(self) -> str:
         """``Server-Timing`` 头：各阶段毫秒数。"""
@@ -111,6 +114,8 @@ class _PathResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     method: str | None = None
     cached: bool | None = None
+    # 全文一路：查询的 IDF 质量在本库中出现的比例（见 search.bm25.coverage）
+    coverage: float | None = None
 
 
 class _Clock:
@@ -136,8 +141,23 @@ def searchable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID) -
 
 
 def candidate_count(top_k: int) -> int:
-    """每路召回的候选数：min(top_k*3, RAG_MAX_RERANK_CANDIDATES)，且不少于 top_k。"""
+    """融合后交给重排序的候选数：min(top_k*3, RAG_MAX_RERANK_CANDIDATES)，且不少于 top_k。"""
     return max(top_k, min(top_k * 3, settings.MAX_RERANK_CANDIDATES))
+
+
+def path_depth(top_k: int) -> int:
+    """每一路召回的深度：不少于候选数，也不少于 RAG_FUSION_DEPTH（上限 RAG_MAX_RERANK_CANDIDATES）。
+
+    RRF 只看名次：一路只取 15 个时，在另一路排第 16~50 名的好结果拿不到这一路的分，融合就退化成交替合并。
+    """
+    return max(candidate_count(top_k), min(settings.FUSION_DEPTH, settings.MAX_RERANK_CANDIDATES))
+
+
+def fusion_weights(coverage: float | None) -> dict[str, float]:
+    """两路的 RRF 权重：全文一路再乘以按查询覆盖率算的闸门（见 :func:`search.fusion.lexical_gate`）。"""
+    gate = 1.0 if coverage is None else lexical_gate(coverage, settings.FUSION_COVERAGE_FLOOR,
+                                                     settings.FUSION_COVERAGE_FULL)
+    return {"vector": settings.FUSION_VECTOR_WEIGHT, "fulltext": settings.FUSION_FULLTEXT_WEIGHT * gate}
 
 
 def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
@@ -162,16 +182,17 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
     if estimate == 0:
         return  # 没有已完成摄取的文档：空数组，而不是错误（需求 3.7）
     limit = candidate_count(request.top_k)
+    depth = path_depth(request.top_k)
     exact = estimate <= settings.EXACT_SEARCH_MAX_CHUNKS
     parsed = fulltext.parse_query(request.query)
     outcome.query_type = parsed.type
 
     vector_future: Future[_PathResult] | None = None
     if request.mode in ("hybrid", "vector"):
-        vector_future = _executor.submit(_in_worker, _vector_path, kb, request, limit, exact, parsed.exclude)
+        vector_future = _executor.submit(_in_worker, _vector_path, kb, request, depth, exact, parsed.exclude)
     text_result: _PathResult | None = None
     if request.mode in ("hybrid", "fulltext"):
-        text_result = _fulltext_path(kb, parsed, request.filters, limit, clock)
+        text_result = _fulltext_path(kb, parsed, request.filters, depth, clock)
     vector_result = vector_future.result() if vector_future is not None else None
     if vector_result is not None:
         outcome.timings_ms.update(vector_result.timings_ms)
@@ -179,7 +200,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
         outcome.embedding_cached = vector_result.cached
         if vector_result.failed and text_result is None:
             # 只要向量的请求在向量路不可用时退回全文（需求：embedding 不可用则只做全文检索）
-            text_result = _fulltext_path(kb, parsed, request.filters, limit, clock)
+            text_result = _fulltext_path(kb, parsed, request.filters, depth, clock)
 
     paths = {name: result for name, result in (("vector", vector_result), ("fulltext", text_result))
              if result is not None and not result.failed}
@@ -192,8 +213,10 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
         return
 
     with clock.stage("fuse"):
+        if len(paths) > 1:
+            outcome.fusion_weights = fusion_weights(text_result.coverage if text_result else None)
         fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
-                         k=settings.RRF_K)[:limit]
+                         k=settings.RRF_K, weights=outcome.fusion_weights or None)[:limit]
         values = {name: {hit.chunk_id: hit.value for hit in result.hits} for name, result in paths.items()}
         chunks = load_chunks([f.key for f in fused])
         candidates = [
@@ -289,7 +312,8 @@ def _fulltext_path(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, filters: Sea
     try:
         # 保存点：SQL 出错只回滚这一步，不污染外层事务
         with clock.stage("fulltext"), transaction.atomic():
-            result.hits = fulltext_search(kb, parsed, filters, limit)
+            found = fulltext_search(kb, parsed, filters, limit)
+        result.hits, result.coverage = found.hits, found.coverage
     except Exception as exc:
         result.failed = True
         logger.error("search_path_failed", path="fulltext", error=str(exc), error_type=type(exc).__name__,

@@ -23,7 +23,7 @@ from search import services
 from search.providers.breaker import CircuitOpenError
 from search.providers.embedding import EmbeddingError
 from search.providers.rerank import RerankUnavailable
-from search.retrieval import ChunkRow, PathHit, SearchFilters
+from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchFilters
 from tests.conftest import assert_error
 from tests.factories import ingest_text
 
@@ -283,10 +283,10 @@ def test_property_3_graceful_degradation(vector_ids: list[int], text_ids: list[i
             raise RuntimeError("vector sql failed")
         return [PathHit(i, 0.1 * n) for n, i in enumerate(vector_ids)], "exact"
 
-    def fulltext_search(*args: Any, **kwargs: Any) -> list[PathHit]:
+    def fulltext_search(*args: Any, **kwargs: Any) -> FulltextHits:
         if text_fails:
             raise RuntimeError("fulltext sql failed")
-        return [PathHit(i, 1 / (n + 2)) for n, i in enumerate(text_ids)]
+        return FulltextHits([PathHit(i, 1 / (n + 2)) for n, i in enumerate(text_ids)], coverage=1.0)
 
     def embed(*args: Any) -> tuple[np.ndarray, bool]:
         if embed_fails:

@@ -23,7 +23,8 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.auth import SYSTEM_PRINCIPAL
 from search import services
-from search.evaluation.dataset import Dataset
+from search.evaluation.dataset import Dataset, Query
+from search.evaluation.embedding_cache import cached_document_embeddings
 from search.evaluation.metrics import (
     answer_hit_at_k,
     dedupe,
@@ -32,6 +33,7 @@ from search.evaluation.metrics import (
     percentile,
     recall_at_k,
 )
+from search.evaluation.reference import ReferenceIndex
 from search.query_embeddings import clear_query_embeddings
 
 # 评测方式 → (检索方式, 是否重排序)
@@ -41,7 +43,10 @@ MODES: dict[str, tuple[services.Mode, bool]] = {
     "hybrid": ("hybrid", False),
     "hybrid+rerank": ("hybrid", True),
 }
+# 参照 BM25：不走检索服务，在同一批分块上用 Python 算（见 search.evaluation.reference）
+REFERENCE_MODE = "bm25-reference"
 TOP_K = 100
+METRIC_COLUMNS = ("ndcg@10", "recall@10", "recall@100", "mrr@10", "answer_hit@1", "answer_hit@5", "answer_hit@10")
 
 Progress = Callable[[Sequence[Any], str], Any]
 
@@ -55,8 +60,10 @@ class EvaluationConfig:
     chunking: str = "token"
     embedding_provider: str | None = None
     embedding_model: str | None = None
-    modes: tuple[str, ...] = tuple(MODES)
+    modes: tuple[str, ...] = (*MODES, REFERENCE_MODE)
     keep: bool = False
+    # 附加问题集：名称 → 问题（与主问题集共用 qrels，例如同一批问题的另一种语言版本）
+    query_sets: dict[str, list[Query]] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,6 +74,7 @@ class ModeReport:
     latency_ms: dict[str, float] = field(default_factory=dict)
     degraded_queries: int = 0
     skipped: str = ""
+    per_query: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -91,8 +99,13 @@ class EvaluationReport:
                       for m in self.modes},
         }
 
+    def per_query_dict(self) -> dict[str, Any]:
+        """逐题结果：方式 → [每个问题一条]。"""
+        return {"dataset": self.dataset, "level": self.level,
+                "modes": {m.mode: m.per_query for m in self.modes if not m.skipped}}
+
     def markdown(self) -> str:
-        columns = ("ndcg@10", "recall@10", "recall@100", "mrr@10", "answer_hit@1", "answer_hit@5", "answer_hit@10")
+        columns = METRIC_COLUMNS
         lines = [
             f"{self.dataset}（{self.level} 级，{self.chunking} 分块，{self.embedding['provider']}:"
             f"{self.embedding['model']}；{self.knowledge_base['documents']} 篇文档 / {self.knowledge_base['chunks']}"
@@ -110,6 +123,20 @@ class EvaluationReport:
             lines.append(f"| {report.mode}{note} | {report.queries} | {values} | {report.latency_ms['p50']:.1f} | "
                          f"{report.latency_ms['p95']:.1f} |")
         return "\n".join(lines)
+
+
+def compare_reports(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """两次 ``--output`` 报告的差值表（新 - 旧，单位：点 = 0.01）；只比两边都有的方式。"""
+    lines = ["与旧报告的差值（新 - 旧，乘以 100）", "",
+             "| 方式 | " + " | ".join(METRIC_COLUMNS) + " |", "|---|" + "---|" * len(METRIC_COLUMNS)]
+    for mode, values in new["modes"].items():
+        before = old["modes"].get(mode)
+        if not isinstance(before, dict) or values.get("skipped") or before.get("skipped"):
+            continue
+        deltas = [f"{(values[c] - before[c]) * 100:+.1f}" if c in values and c in before else "—"
+                  for c in METRIC_COLUMNS]
+        lines.append(f"| {mode} | " + " | ".join(deltas) + " |")
+    return "\n".join(lines)
 
 
 @contextmanager
@@ -135,22 +162,58 @@ def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_p
         principal=SYSTEM_PRINCIPAL, name=f"eval-{dataset.name}-{dataset.level}-{config.chunking}-{time.time_ns()}",
         description="manage.py evaluate", embedding=embedding or None, chunking={"strategy": config.chunking},
     )
-    with synchronous_tasks():
-        for unit in progress(dataset.units, "摄取"):
-            body = f"# {unit.title}\n\n{unit.text}" if unit.title else unit.text
+    bodies = [(unit, f"# {unit.title}\n\n{unit.text}" if unit.title else unit.text) for unit in dataset.units]
+    # 单分块文档的分块文本就是正文（带标题时可能连同标题）：两种写法都预先算好，多分块的长文档照常在摄取时计算
+    texts = [text for unit, body in bodies for text in (unit.text, body)]
+    with cached_document_embeddings(kb.embedding_provider, kb.embedding_model, texts, progress), \
+            synchronous_tasks():
+        for unit, body in progress(bodies, "摄取"):
             document_upload(kb=kb, filename=_filename(unit.id), upload=io.BytesIO(body.encode("utf-8")),
                             metadata={"eval_id": unit.id, "title": unit.title}, chunking={})
     return kb
 
 
-def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Progress = no_progress) -> ModeReport:
+def _query_metrics(ranked: Sequence[str], texts: Sequence[str], query: Query,
+                   qrels: dict[str, int]) -> dict[str, float]:
+    return {
+        "ndcg@10": ndcg_at_k(ranked, qrels, 10),
+        "recall@10": recall_at_k(ranked, qrels, 10),
+        "recall@100": recall_at_k(ranked, qrels, 100),
+        "mrr@10": mrr_at_k(ranked, qrels, 10),
+        **{f"answer_hit@{k}": answer_hit_at_k(texts, query.answers, k) for k in (1, 5, 10)},
+    }
+
+
+def _record(report: ModeReport, query: Query, qrels: dict[str, int], ranked: Sequence[str],
+            texts: Sequence[str], scores: Sequence[float]) -> None:
+    """累计一个问题的指标，并留下逐题记录（失败分析用：前 10 名、第一个相关结果的名次与分数）。"""
+    values = _query_metrics(ranked, texts, query, qrels)
+    for name, value in values.items():
+        report.metrics[name] = report.metrics.get(name, 0.0) + value
+    first = next((rank for rank, unit in enumerate(ranked, start=1) if qrels.get(unit, 0) > 0), None)
+    report.per_query.append({
+        "query_id": query.id, **{name: round(value, 4) for name, value in values.items()},
+        "first_relevant_rank": first, "top10": list(ranked[:10]),
+        "top10_scores": [round(score, 4) for score in scores[:10]],
+    })
+    report.queries += 1
+
+
+def _finish(report: ModeReport, latencies: Sequence[float]) -> ModeReport:
+    report.metrics = {name: total / report.queries for name, total in report.metrics.items()}
+    report.latency_ms = {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)}
+    return report
+
+
+def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Progress = no_progress,
+                  queries: Sequence[Query] | None = None, label: str | None = None) -> ModeReport:
+    """对每个问题走检索服务（与 POST /search 同一路径），``queries`` 覆盖数据集的问题（跨语言等问题集）。"""
     search_mode, rerank = MODES[mode]
-    report = ModeReport(mode)
+    report = ModeReport(label or mode)
     # 每种方式从冷的查询向量缓存开始：否则后跑的方式命中前面留下的缓存，延迟不可比
     clear_query_embeddings()
-    sums: dict[str, float] = {}
     latencies: list[float] = []
-    for query in progress(dataset.queries, mode):
+    for query in progress(queries or dataset.queries, report.mode):
         request = services.SearchRequest(query=query.text, top_k=TOP_K, mode=search_mode, rerank=rerank)
         started = time.perf_counter()
         outcome = services.search(kb, request)
@@ -161,20 +224,44 @@ def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Prog
         report.degraded_queries += bool(outcome.degraded)
         ranked = dedupe(str(r.chunk.metadata.get("eval_id", "")) for r in outcome.results)
         texts = [r.parent_text or r.chunk.text for r in outcome.results]
-        qrels = dataset.qrels[query.id]
-        values = {
-            "ndcg@10": ndcg_at_k(ranked, qrels, 10),
-            "recall@10": recall_at_k(ranked, qrels, 10),
-            "recall@100": recall_at_k(ranked, qrels, 100),
-            "mrr@10": mrr_at_k(ranked, qrels, 10),
-            **{f"answer_hit@{k}": answer_hit_at_k(texts, query.answers, k) for k in (1, 5, 10)},
-        }
-        for name, value in values.items():
-            sums[name] = sums.get(name, 0.0) + value
-        report.queries += 1
-    report.metrics = {name: total / report.queries for name, total in sums.items()}
-    report.latency_ms = {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)}
-    return report
+        _record(report, query, dataset.qrels[query.id], ranked, texts, [r.score for r in outcome.results])
+    return _finish(report, latencies)
+
+
+def evaluate_reference(kb: KnowledgeBase, dataset: Dataset, progress: Progress = no_progress,
+                       queries: Sequence[Query] | None = None, label: str = REFERENCE_MODE) -> ModeReport:
+    """参照 BM25（:mod:`search.evaluation.reference`）在同一批可检索分块上的结果，指标口径与各方式相同。"""
+    report = ModeReport(label)
+    chunks = {chunk_id: (text, str(metadata.get("eval_id", ""))) for chunk_id, text, metadata in
+              DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
+              .exclude(role="parent").values_list("id", "chunk_text", "metadata")}
+    index = ReferenceIndex.build((chunk_id, text) for chunk_id, (text, _) in chunks.items())
+    latencies: list[float] = []
+    for query in progress(queries or dataset.queries, report.mode):
+        started = time.perf_counter()
+        hits = index.search(query.text, TOP_K)
+        latencies.append((time.perf_counter() - started) * 1000)
+        # 同一单元的多个分块只取最好名次：与 dedupe 相同，分数跟着第一次出现的位置走
+        seen: dict[str, float] = {}
+        for chunk_id, score in hits:
+            seen.setdefault(chunks[chunk_id][1], score)
+        _record(report, query, dataset.qrels[query.id], list(seen), [chunks[c][0] for c, _ in hits],
+                list(seen.values()))
+    return _finish(report, latencies)
+
+
+def _evaluate_all(kb: KnowledgeBase, dataset: Dataset, config: EvaluationConfig,
+                  progress: Progress) -> list[ModeReport]:
+    """主问题集与每个附加问题集（``名称=文件``，如跨语言问题）各跑一遍全部方式与参照 BM25。"""
+    reports = []
+    for name, queries in [("", None), *config.query_sets.items()]:
+        suffix = f"@{name}" if name else ""
+        for mode in config.modes:
+            if mode == REFERENCE_MODE:
+                reports.append(evaluate_reference(kb, dataset, progress, queries, label=mode + suffix))
+            else:
+                reports.append(evaluate_mode(kb, dataset, mode, progress, queries, label=mode + suffix))
+    return reports
 
 
 def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_progress,
@@ -188,7 +275,7 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
     try:
         statuses = dict(Document.objects.filter(knowledge_base=kb).values_list("status")
                         .annotate(count=Count("id")).values_list("status", "count"))
-        reports = [evaluate_mode(kb, dataset, mode, progress) for mode in config.modes]
+        reports = _evaluate_all(kb, dataset, config, progress)
         report = EvaluationReport(
             dataset=dataset.name, level=dataset.level, chunking=config.chunking,
             embedding={"provider": kb.embedding_provider, "model": kb.embedding_model,

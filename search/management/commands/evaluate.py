@@ -14,8 +14,10 @@ from tqdm import tqdm
 from documents.chunking import STRATEGY_DEFAULTS
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import parse_uuid
-from search.evaluation.dataset import DatasetError, load_dataset
-from search.evaluation.runner import MODES, EvaluationConfig, run_evaluation
+from search.evaluation.dataset import DatasetError, Query, load_dataset, read_queries
+from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, compare_reports, run_evaluation
+
+ALL_MODES = (*MODES, REFERENCE_MODE)
 
 
 def _progress(items: Sequence[Any], description: str) -> Any:
@@ -39,8 +41,16 @@ class Command(BaseCommand):
         parser.add_argument("--chunking", choices=sorted(STRATEGY_DEFAULTS), default="token", help="分块策略")
         parser.add_argument("--embedding-provider", help="embedding 提供方（默认 RAG_EMBEDDING_PROVIDER）")
         parser.add_argument("--embedding-model", help="embedding 模型（默认该提供方的默认模型）")
-        parser.add_argument("--modes", default=",".join(MODES),
-                            help=f"逗号分隔的检索方式，可选 {', '.join(MODES)}（默认全部）")
+        parser.add_argument("--modes", default=",".join(ALL_MODES),
+                            help=f"逗号分隔的检索方式，可选 {', '.join(ALL_MODES)}（默认全部；{REFERENCE_MODE} 是"
+                                 "在同一批分块上用 Python 算的教科书 BM25，作对照）")
+        parser.add_argument("--query-set", action="append", default=[], metavar="NAME=QUERIES.jsonl",
+                            help="附加问题集（可重复）：同一批问题 id 的另一种写法，例如另一种语言的问题检索本知识库；"
+                                 "沿用主 qrels，结果标为 方式@NAME")
+        parser.add_argument("--per-query", type=Path, help="把逐题结果（各方式的指标、前 10 名、第一个相关结果的名次）"
+                                                           "写成 JSON，供失败分析")
+        parser.add_argument("--compare", type=Path, metavar="OLD.json",
+                            help="与以前 --output 写出的 JSON 比较，打印各方式各指标的差值")
         parser.add_argument("--limit", type=int, help="只取按 id 排序的前 N 个问题")
         parser.add_argument("--output", type=Path, help="把完整结果写成 JSON 文件")
         parser.add_argument("--keep", action="store_true", help="评测后保留知识库（默认删除）")
@@ -49,9 +59,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         modes = tuple(m.strip() for m in options["modes"].split(",") if m.strip())
-        unknown = [m for m in modes if m not in MODES]
+        unknown = [m for m in modes if m not in ALL_MODES]
         if unknown or not modes:
-            raise CommandError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(MODES)}")
+            raise CommandError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(ALL_MODES)}")
         if options["limit"] is not None and options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
         try:
@@ -59,9 +69,12 @@ class Command(BaseCommand):
                                    queries=options["queries"], qrels=options["qrels"], limit=options["limit"])
         except DatasetError as exc:
             raise CommandError(str(exc)) from exc
+        query_sets = self._query_sets(options["query_set"], dataset.qrels)
+        previous = self._previous(options["compare"])
         kb = self._reused(options["reuse_kb"])
         config = EvaluationConfig(chunking=options["chunking"], embedding_provider=options["embedding_provider"],
-                                  embedding_model=options["embedding_model"], modes=modes, keep=options["keep"])
+                                  embedding_model=options["embedding_model"], modes=modes, keep=options["keep"],
+                                  query_sets=query_sets)
         self.stderr.write(f"{dataset.name}：{len(dataset.units)} 个{'段落' if dataset.level == 'passage' else '文档'}，"
                           f"{len(dataset.queries)} 个问题，方式 {', '.join(modes)}")
         progress = (lambda items, _description: items) if options["no_progress"] else _progress
@@ -70,9 +83,44 @@ class Command(BaseCommand):
             options["output"].parent.mkdir(parents=True, exist_ok=True)
             options["output"].write_text(json.dumps(report.as_dict(), ensure_ascii=False, indent=2) + "\n",
                                          encoding="utf-8")
+        if options["per_query"]:
+            options["per_query"].parent.mkdir(parents=True, exist_ok=True)
+            options["per_query"].write_text(json.dumps(report.per_query_dict(), ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
         self.stdout.write(report.markdown())
+        if previous is not None:
+            self.stdout.write("\n" + compare_reports(previous, report.as_dict()))
         self.stdout.write(f"\n总用时 {report.total_seconds:.0f} s" + ("" if config.keep or kb else
                                                                    "（知识库已删除）"))
+
+    @staticmethod
+    def _query_sets(specs: Sequence[str], qrels: dict[str, dict[str, int]]) -> dict[str, list[Query]]:
+        """``NAME=FILE`` → 该文件里有 qrels 的问题（按 id 排序）；名称重复或文件不对时报错。"""
+        sets: dict[str, list[Query]] = {}
+        for spec in specs:
+            name, sep, path = spec.partition("=")
+            if not sep or not name.strip() or not path or name in sets:
+                raise CommandError(f"--query-set expects a unique NAME=QUERIES.jsonl, got {spec!r}")
+            try:
+                queries = sorted((q for q in read_queries(Path(path)) if q.id in qrels), key=lambda q: q.id)
+            except DatasetError as exc:
+                raise CommandError(str(exc)) from exc
+            if not queries:
+                raise CommandError(f"--query-set {name}: no query id of {path} is among the evaluated queries")
+            sets[name.strip()] = queries
+        return sets
+
+    @staticmethod
+    def _previous(path: Path | None) -> dict[str, Any] | None:
+        if path is None:
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"--compare: cannot read {path}: {exc}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("modes"), dict):
+            raise CommandError(f"--compare: {path} is not an evaluate --output report")
+        return data
 
     @staticmethod
     def _reused(name_or_id: str | None) -> KnowledgeBase | None:

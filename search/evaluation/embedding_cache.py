@@ -1,0 +1,96 @@
+"""评测用的文档向量缓存：同一份数据集反复评测（换切词、换排序、换融合）时不必每次重新向量化。
+
+摄取流水线按文档逐个调用 embedding（评测里一个段落一份文档，批大小常常是 1），在 2 核 CPU 上 7k 个段落要一个多小时。
+这里先把全部单元的文本按大批次算好（与流水线切出的分块文本相同的那些会直接命中），存到
+``RAG_DATA_DIR/eval-cache/<提供方>-<模型>.npz``；摄取期间临时把提供方的内层模型换成“先查缓存”的包装，
+没命中的文本照常由模型计算。缓存只在评测命令里生效，服务本身的摄取不受影响。
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+
+from search.embedders import embedder
+from search.providers.embedding import EmbeddingProvider
+from search.providers.vectors import Vectors
+
+BATCH = 64
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class _CachedDocuments:
+    """包住提供方的内层模型：``embed_documents`` 先查缓存，只把没见过的文本交给模型。"""
+
+    def __init__(self, inner: EmbeddingProvider, cache: dict[str, np.ndarray]) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.provider = inner.provider
+        self.model = inner.model
+        self.dimension = inner.dimension
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        keys = [_key(text) for text in texts]
+        missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in self.cache))
+        if missing:
+            computed = self.inner.embed_documents([texts[i] for i in missing])
+            self.cache.update((keys[i], vector) for i, vector in zip(missing, computed, strict=True))
+        return np.stack([self.cache[key] for key in keys]).astype(np.float32, copy=False)
+
+    def embed_query(self, text: str) -> Vectors:
+        return self.inner.embed_query(text)
+
+
+def cache_path(provider: str, model: str) -> Path:
+    return Path(settings.DATA_DIR) / "eval-cache" / (re.sub(r"[^\w.-]", "_", f"{provider}-{model}") + ".npz")
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    if not path.exists():
+        return {}
+    with np.load(path) as data:
+        return dict(zip(data["keys"].tolist(), data["vectors"], strict=True))
+
+
+def _save(path: Path, cache: dict[str, np.ndarray]) -> None:
+    if not cache:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = np.array(list(cache))
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, keys=keys, vectors=np.stack([cache[key] for key in keys]))
+    tmp.replace(path)  # 原子替换：中途被打断也不会留下半个缓存文件
+
+
+@contextmanager
+def cached_document_embeddings(provider_name: str, model: str, texts: Sequence[str],
+                               progress: Callable[[Sequence[Any], str], Any]) -> Iterator[int]:
+    """预先按 ``BATCH`` 一批算好 ``texts`` 里缓存没有的向量，期间摄取的 embedding 先查缓存。
+
+    产出预先计算的文本数；退出时把缓存写回磁盘。
+    """
+    path = cache_path(provider_name, model)
+    cache = _load(path)
+    guarded: Any = embedder(provider_name, model)
+    original = guarded.inner
+    wrapper = _CachedDocuments(original, cache)
+    todo = list(dict.fromkeys(text for text in texts if _key(text) not in cache))
+    batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
+    guarded.inner = wrapper
+    try:
+        for batch in progress(batches, "预计算向量"):
+            guarded.embed_documents(batch)  # 经断路器与输出检查，结果落进缓存
+        yield len(todo)
+    finally:
+        guarded.inner = original
+        _save(path, cache)
