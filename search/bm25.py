@@ -1,4 +1,4 @@
-"""PostgreSQL 里的 BM25：知识库级统计的维护与核对，以及打分用到的纯函数。
+"""PostgreSQL 里的 BM25：知识库级统计与倒排表的读取、核对与重建，以及打分用到的纯函数。
 
 打分公式（Lucene 的 IDF，BM25F 式字段权重）::
 
@@ -6,15 +6,13 @@
     idf_t = ln(1 + (N - df_t + 0.5) / (df_t + 0.5))
 
 - ``tf_t``：词 t 在分块里的加权次数：正文出现一次记 1，标题部分（文件名、文档标题、标题路径）记
-  ``RAG_BM25_TITLE_WEIGHT``。SQL 里用单词查询的 ``ts_rank_cd(权重, search_vector, 't', 0)`` 取得——
-  单个词的覆盖就是它的每次出现，结果正是各位置权重之和；
-- ``dl``：``document_chunks.search_length``；``N``、``avgdl``、``df_t``：``fulltext_kb_stats`` 与
-  ``fulltext_term_stats``，由触发器在让分块可见/消失的同一事务里维护（见迁移 ``search.0001``）。
+  ``RAG_BM25_TITLE_WEIGHT``；倒排表 ``fulltext_postings`` 分别存标题与正文的次数，权重在查询时才乘，改权重不用重建；
+- ``dl``：分块的词数（``document_chunks.search_length``，倒排表里冗余一份）；``N``、``avgdl``、``df_t``：
+  ``fulltext_kb_stats`` 与 ``fulltext_term_stats``。三张表都由触发器在让分块可见/消失的同一事务里维护
+  （见迁移 ``search.0001``），永远与分块一致。
 
-候选集（MaxScore 思路，结果可证明与全量打分一致）：按 IDF 从高到低取查询词，直到它们的 df 之和达到
-``RAG_BM25_CANDIDATE_BUDGET``，只对至少含其中一个词的分块打分；其余词对任何分块的贡献不超过
-``idf·qtf·(k1+1)``，若这些上界之和不超过第 ``limit`` 名的分数，没进候选的分块不可能挤进前 ``limit``，
-结果精确；否则加词重来。只含极常见词的查询在 ``RAG_BM25_MAX_CANDIDATES`` 处截断，工作量有界。
+工作量有界：查询词按 IDF 从高到低取，直到它们的 df 之和（要读的倒排行数）达到 ``RAG_BM25_MAX_POSTINGS``；
+被舍掉的只会是极常见的词（IDF 接近 0，对排序几乎没有贡献）。小于这个规模的知识库结果与全量打分完全相同。
 """
 
 from __future__ import annotations
@@ -39,20 +37,16 @@ class Bm25Params:
     b: float
     title_weight: float
 
-    def rank_weights(self) -> tuple[list[float], float]:
-        """``ts_rank_cd`` 的权重数组 {D, C, B, A} 与还原倍数：权重不能超过 1，所以按最大者缩放后再乘回来。"""
-        scale = max(self.title_weight, 1.0)
-        return [0.1, 0.2, 1.0 / scale, self.title_weight / scale], scale
 
 
 @dataclass(frozen=True)
 class ScoredTerm:
-    """带统计的查询词：文档频率、IDF、单个分块能从它得到的最高分（上界）。"""
+    """带统计的查询词：文档频率，以及 idf·qtf·(k1+1)（倒排行上的打分系数）。"""
 
     term: QueryTerm
     df: int
     idf: float
-    upper_bound: float
+    weight: float
 
 
 def idf(df: int, n: int) -> float:
@@ -75,6 +69,14 @@ def score_terms(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n:
     return scored
 
 
+def max_score(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int, k1: float) -> float:
+    """一个分块在这个查询上可能得到的最高 BM25 分（每个词都饱和）；库里没有的词按 df=0 的最大 IDF 计入，
+    所以只匹配了零星几个词的结果，分数相对它也低。"""
+    if n <= 0:
+        return 0.0
+    return sum(idf(dfs.get((t.lexeme, t.prefix), 0), n) * t.count for t in terms) * (k1 + 1)
+
+
 def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int) -> float:
     """查询的 IDF 质量里、知识库中真有的那部分所占比例（0~1）：全文这一路“听懂了”多少查询。
 
@@ -92,24 +94,16 @@ def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: in
     return matched / total if total > 0 else 0.0
 
 
-def essential_count(terms: Sequence[ScoredTerm], budget: int, start: int = 1) -> int:
-    """取候选用的词数：至少 ``start`` 个，继续按 IDF 从高到低加词，直到它们的 df 之和达到 ``budget``。"""
-    count, total = 0, 0
+def within_budget(terms: Sequence[ScoredTerm], budget: int) -> list[ScoredTerm]:
+    """按 IDF 从高到低保留查询词，直到 df 之和达到 ``budget``（至少一个）：倒排表要读的行数有界。"""
+    kept: list[ScoredTerm] = []
+    total = 0
     for term in terms:
-        if count >= start and total >= budget:
+        if kept and total + term.df > budget:
             break
-        count += 1
+        kept.append(term)
         total += term.df
-    return count
-
-
-def remaining_bound(terms: Sequence[ScoredTerm], essential: int) -> float:
-    """不在候选词里的那些词，能给一个分块带来的最高总分。"""
-    return sum(term.upper_bound for term in terms[essential:])
-
-
-def df_sum(terms: Sequence[ScoredTerm], count: int) -> int:
-    return sum(term.df for term in terms[:count])
+    return kept
 
 
 # ---------------------------------------------------------------- 统计：读取、重算、核对
@@ -151,12 +145,24 @@ _RECOUNT_TERMS_SQL = f"""
 """
 
 
+_RECOUNT_POSTINGS_SQL = f"""
+    SELECT %s::uuid, u.lexeme, c.id,
+           (SELECT count(*) FROM unnest(u.weights) w WHERE w = 'A'),
+           (SELECT count(*) FROM unnest(u.weights) w WHERE w <> 'A'), c.search_length
+    FROM document_chunks c, unnest(c.search_vector) u
+    WHERE c.knowledge_base_id = %s AND c.{_SEARCHABLE}
+"""
+
+
 def rebuild_statistics(kb_id: uuid.UUID) -> None:
-    """按分块重算一个知识库的统计（锁住统计行，与并发写入的触发器互斥）。迁移、修复与测试使用。"""
+    """按分块重算一个知识库的统计与倒排表（锁住统计行，与并发写入的触发器互斥）。修复与测试使用。"""
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO fulltext_kb_stats (knowledge_base_id, chunk_count, total_length)"
                        " VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
         cursor.execute("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb_id])
+        cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s", [kb_id])
+        cursor.execute("INSERT INTO fulltext_postings (knowledge_base_id, lexeme, chunk_id, title_tf, body_tf, length) "
+                       + _RECOUNT_POSTINGS_SQL, [kb_id, kb_id])
         cursor.execute("DELETE FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
         cursor.execute("INSERT INTO fulltext_term_stats (knowledge_base_id, lexeme, df) " + _RECOUNT_TERMS_SQL,
                        [kb_id, kb_id])
@@ -177,7 +183,13 @@ def statistics_mismatches(kb_id: uuid.UUID) -> list[str]:
         stored = {lexeme: int(df) for lexeme, df in cursor.fetchall()}
         cursor.execute(_RECOUNT_TERMS_SQL, [kb_id, kb_id])
         counted = {lexeme: int(df) for _, lexeme, df in cursor.fetchall()}
-    problems = []
+        cursor.execute("SELECT knowledge_base_id, lexeme, chunk_id, title_tf, body_tf, length FROM fulltext_postings"
+                       " WHERE knowledge_base_id = %s", [kb_id])
+        stored_postings = {tuple(row) for row in cursor.fetchall()}
+        cursor.execute(_RECOUNT_POSTINGS_SQL, [kb_id, kb_id])
+        counted_postings = {tuple(row) for row in cursor.fetchall()}
+    problems = [f"posting {row[1:]!r} stored but not counted" for row in sorted(stored_postings - counted_postings)]
+    problems += [f"posting {row[1:]!r} counted but not stored" for row in sorted(counted_postings - stored_postings)]
     if tuple(map(int, stored_kb)) != tuple(map(int, counted_kb)):
         problems.append(f"chunks/length stored {tuple(stored_kb)} != counted {tuple(counted_kb)}")
     for lexeme in sorted(set(stored) | set(counted)):

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import structlog
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -21,8 +20,6 @@ from documents.models import SUPPORTED_DIMENSIONS, Document
 from knowledge.models import KnowledgeBase
 from search import bm25
 from search.fulltext import ParsedQuery
-
-logger = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -159,6 +156,9 @@ class FulltextHits:
 
     hits: list[PathHit]
     coverage: float
+    # 这个查询在本库里可能得到的最高分（BM25：Σ qtf·idf·(k1+1)，库里没有的词按最大 IDF 计入）；
+    # 命中的分数除以它就是 0~1 的“匹配程度”，跨查询可比，用来校准对外分数。ts_rank_cd 本身已在 0~1，为 1
+    scale: float = 1.0
 
 
 def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> FulltextHits:
@@ -172,7 +172,8 @@ def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilter
     cover = bm25.coverage(query.terms, dfs, n)
     if settings.FULLTEXT_RANKING == "ts_rank_cd":
         return FulltextHits(_ts_rank_cd_search(kb, query, filters, limit), cover)
-    return FulltextHits(_bm25_search(kb, query, filters, limit, n, avgdl, dfs), cover)
+    scale = bm25.max_score(query.terms, dfs, n, settings.BM25_K1)
+    return FulltextHits(_bm25_search(kb, query, filters, limit, n, avgdl, dfs), cover, scale)
 
 
 def _match_sql(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters) -> tuple[str, list[Any]]:
@@ -202,55 +203,37 @@ def _ts_rank_cd_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFil
 
 def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int,
                  n: int, avgdl: float, dfs: dict[tuple[str, bool], int]) -> list[PathHit]:
-    """BM25（见 :mod:`search.bm25`）：先用最稀有的词取候选并打分，上界不够证明结果精确时加词重来。"""
+    """BM25（见 :mod:`search.bm25`）：倒排表上按 (分块, 查询词) 汇总加权词频，再按分块求和。
+
+    前缀词（孤立的单字，``'肝':*``）是一段词位范围：先把同一查询词在一个分块里命中的各词位的词频相加，再做饱和，
+    与 tsquery 的前缀匹配一致。非 plain 查询（短语、布尔、exact）另外要求分块满足 tsquery。
+    """
     params = bm25.Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
-    terms = bm25.score_terms(query.terms, dfs, n, params)
+    terms = bm25.within_budget(bm25.score_terms(query.terms, dfs, n, params), settings.BM25_MAX_POSTINGS)
     if not terms:
         return []  # 没有一个查询词出现在这个知识库里
-    budget = settings.BM25_CANDIDATE_BUDGET
-    essential = bm25.essential_count(terms, budget)
-    while True:
-        hits = _bm25_query(kb, query, filters, limit, terms, essential, avgdl, params)
-        if essential >= len(terms):
-            return hits
-        threshold = hits[limit - 1].value if len(hits) >= limit else 0.0
-        if bm25.remaining_bound(terms, essential) <= threshold:
-            return hits
-        budget *= 4
-        wider = bm25.essential_count(terms, budget, start=essential + 1)
-        if bm25.df_sum(terms, wider) > settings.BM25_MAX_CANDIDATES:
-            logger.info("bm25_candidates_capped", terms=len(terms), essential=essential,
-                        cap=settings.BM25_MAX_CANDIDATES)
-            return hits
-        essential = wider
-
-
-def _bm25_query(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int,
-                terms: Sequence[bm25.ScoredTerm], essential: int, avgdl: float,
-                params: bm25.Bm25Params) -> list[PathHit]:
-    """对“含前 ``essential`` 个词之一（且满足查询的必需条件）”的分块算 BM25，取前 ``limit`` 个。"""
     scope, scope_params = _match_sql(kb, query, filters)
-    candidates = "(" + " | ".join(t.term.operand for t in terms[:essential]) + ")"
-    # plain 查询本身就是各词的 OR，候选条件已经蕴含它；其余类型还要满足必需的短语 / 布尔条件
-    match = candidates if query.type == "plain" else f"({query.tsquery}) & {candidates}"
-    weights, scale = params.rank_weights()
-    # 每个词的加权词频在 LATERAL 里算一次；SQL 片段只由参数占位符组成，词位与数值都走参数
-    tf_columns = ", ".join(f"ts_rank_cd(%s::float4[], c.search_vector, %s::tsquery, 0) * %s AS tf{i}"
-                           for i in range(len(terms)))
-    score = " + ".join(f"%s * tf.tf{i} / (tf.tf{i} + n.norm)" for i in range(len(terms)))
+    must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
     sql = (
-        f"SELECT c.id, ({score}) AS score"
-        " FROM document_chunks c,"
-        " LATERAL (SELECT %s * (1 - %s + %s * c.search_length / %s) AS norm) n,"
-        f" LATERAL (SELECT {tf_columns}) tf"
-        f" WHERE c.search_vector @@ %s::tsquery AND {scope}"
-        " ORDER BY score DESC, c.id LIMIT %s"
+        "WITH q(term, low, high, weight) AS (SELECT * FROM unnest(%s::int[], %s::text[], %s::text[], %s::float8[])),"
+        " tf AS ("
+        "  SELECT p.chunk_id, q.term, max(q.weight) AS weight,"
+        "         sum(%s * p.title_tf + p.body_tf) AS tf, max(p.length) AS len"
+        # LATERAL：每个查询词一次主键范围扫描，不依赖统计信息是否新鲜（大批写入后未 ANALYZE 时规划器会误判）
+        "  FROM q CROSS JOIN LATERAL (SELECT chunk_id, title_tf, body_tf, length FROM fulltext_postings"
+        "   WHERE knowledge_base_id = %s AND lexeme >= q.low AND lexeme <= q.high) p"
+        "  GROUP BY p.chunk_id, q.term),"
+        " s AS (SELECT chunk_id, sum(weight * tf / (tf + %s * (1 - %s + %s * len / %s))) AS score"
+        "       FROM tf GROUP BY chunk_id)"
+        " SELECT c.id, s.score FROM s JOIN document_chunks c ON c.id = s.chunk_id"
+        f" WHERE {scope}{must} ORDER BY s.score DESC, c.id LIMIT %s"
     )
-    args: list[Any] = [t.idf * (params.k1 + 1) for t in terms]
-    args += [params.k1, params.b, params.b, max(avgdl, 1e-9)]
-    for t in terms:
-        args += [weights, t.term.operand, scale]
-    args += [match, *scope_params, limit]
+    lows = [t.term.lexeme for t in terms]
+    # 精确词：low = high；前缀词：到该前缀下最大的码点为止
+    highs = [t.term.lexeme + ("\U0010ffff" if t.term.prefix else "") for t in terms]
+    args: list[Any] = [list(range(len(terms))), lows, highs, [t.weight for t in terms],
+                       params.title_weight, kb.id, params.k1, params.b, params.b, max(avgdl, 1e-9),
+                       *scope_params, *([query.tsquery] if must else []), limit]
     with connection.cursor() as cursor:
         cursor.execute(sql, args)
         rows = cursor.fetchall()

@@ -30,7 +30,6 @@ from search.fusion import (
     lexical_gate,
     order_by_scores,
     rrf_fuse,
-    rrf_unit_score,
     similarity_from_distance,
 )
 from search.providers.rerank import RerankUnavailable
@@ -45,6 +44,14 @@ from search.retrieval import (
     load_parents,
     searchable_chunk_estimate,
     vector_search,
+)
+from search.scoring import (
+    Calibration,
+    fulltext_score,
+    hybrid_score,
+    match_ratio,
+    non_increasing,
+    vector_score,
 )
 
 logger = structlog.get_logger(__name__)
@@ -80,6 +87,10 @@ class SearchResult:
     vector_similarity: float | None = None
     fulltext_rank: int | None = None
     fulltext_score: float | None = None
+    # 全文的匹配程度（0~1，跨查询可比，见 search.scoring.match_ratio）
+    fulltext_unit: float | None = None
+    # 校准分数所用的证据（相似度, 匹配程度），某一路没找到时已换成那一路的下界；评测据此拟合校准参数
+    evidence: tuple[float, float] | None = None
     fused_score: float | None = None
     rerank_score: float | None = None
     parent_chunk_id: int | None = None
@@ -114,8 +125,9 @@ class _PathResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     method: str | None = None
     cached: bool | None = None
-    # 全文一路：查询的 IDF 质量在本库中出现的比例（见 search.bm25.coverage）
+    # 全文一路：查询的 IDF 质量在本库中出现的比例（见 search.bm25.coverage），以及把分数折成 0~1 的除数
     coverage: float | None = None
+    scale: float = 1.0
 
 
 class _Clock:
@@ -231,8 +243,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
             )
             for f in fused if f.key in chunks  # 读取前被删除的分块直接跳过
         ]
-        for candidate in candidates:
-            candidate.score = _unranked_score(candidate, len(paths))
+        _calibrated_scores(candidates, paths)
 
     if request.rerank and candidates:
         _rerank(request.query, candidates, outcome, clock)
@@ -250,18 +261,34 @@ def _maybe(value: float | None, convert: Callable[[float], float]) -> float | No
     return None if value is None else convert(value)
 
 
-def _unranked_score(candidate: SearchResult, path_count: int) -> float:
-    """不重排（或重排不可用）时对外的 0~1 分数，顺序与融合顺序一致：
+def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult]) -> None:
+    """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`search.scoring`）。
 
-    - 两路都参与：RRF 分数 ÷ 理论最大值 2/(k+1)；
-    - 只有向量路：余弦相似度 1 - distance；
-    - 只有全文路：ts_rank_cd 的 rank/(rank+1) 归一化值。
+    两路都参与时，某一路没找到的结果用那一路列表最末一条的值作它的证据（真实值不会更高），
+    分数再沿融合顺序取累计最小值。
     """
-    if path_count >= 2:
-        return rrf_unit_score(candidate.fused_score or 0.0, path_count, k=settings.RRF_K)
-    if candidate.vector_similarity is not None:
-        return candidate.vector_similarity
-    return min(1.0, max(0.0, candidate.fulltext_score or 0.0))
+    calibration = Calibration.from_settings()
+    text = paths.get("fulltext")
+    for candidate in candidates:
+        if text is not None and candidate.fulltext_score is not None:
+            candidate.fulltext_unit = match_ratio(candidate.fulltext_score, text.scale)
+    if len(paths) == 1:
+        for candidate in candidates:
+            candidate.score = (vector_score(candidate.vector_similarity, calibration)
+                               if candidate.vector_similarity is not None
+                               else fulltext_score(candidate.fulltext_unit or 0.0, calibration))
+        return
+    vector_hits, text_hits = paths["vector"].hits, paths["fulltext"].hits
+    vector_floor = similarity_from_distance(vector_hits[-1].value) if vector_hits else 0.0
+    text_floor = match_ratio(text_hits[-1].value, paths["fulltext"].scale) if text_hits else 0.0
+    scores = []
+    for c in candidates:
+        similarity = vector_floor if c.vector_similarity is None else c.vector_similarity
+        unit = text_floor if c.fulltext_unit is None else c.fulltext_unit
+        c.evidence = (similarity, unit)
+        scores.append(hybrid_score(similarity, unit, calibration))
+    for candidate, score in zip(candidates, non_increasing(scores), strict=True):
+        candidate.score = score
 
 
 def _rerank(query: str, candidates: list[SearchResult], outcome: SearchOutcome, clock: _Clock) -> None:
@@ -313,7 +340,7 @@ def _fulltext_path(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, filters: Sea
         # 保存点：SQL 出错只回滚这一步，不污染外层事务
         with clock.stage("fulltext"), transaction.atomic():
             found = fulltext_search(kb, parsed, filters, limit)
-        result.hits, result.coverage = found.hits, found.coverage
+        result.hits, result.coverage, result.scale = found.hits, found.coverage, found.scale
     except Exception as exc:
         result.failed = True
         logger.error("search_path_failed", path="fulltext", error=str(exc), error_type=type(exc).__name__,

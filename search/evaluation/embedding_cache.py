@@ -29,12 +29,14 @@ def _key(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-class _CachedDocuments:
-    """包住提供方的内层模型：``embed_documents`` 先查缓存，只把没见过的文本交给模型。"""
+class _CachedEmbeddings:
+    """包住提供方的内层模型：``embed_documents`` 先查缓存，只把没见过的文本交给模型；
+    ``queries`` 为真时查询向量也缓存（键加前缀，与文档向量分开：e5 之类的模型对两者加不同的前缀）。"""
 
-    def __init__(self, inner: EmbeddingProvider, cache: dict[str, np.ndarray]) -> None:
+    def __init__(self, inner: EmbeddingProvider, cache: dict[str, np.ndarray], *, queries: bool) -> None:
         self.inner = inner
         self.cache = cache
+        self.queries = queries
         self.provider = inner.provider
         self.model = inner.model
         self.dimension = inner.dimension
@@ -48,7 +50,12 @@ class _CachedDocuments:
         return np.stack([self.cache[key] for key in keys]).astype(np.float32, copy=False)
 
     def embed_query(self, text: str) -> Vectors:
-        return self.inner.embed_query(text)
+        if not self.queries:
+            return self.inner.embed_query(text)
+        key = "query:" + _key(text)
+        if key not in self.cache:
+            self.cache[key] = self.inner.embed_query(text)
+        return self.cache[key]
 
 
 def cache_path(provider: str, model: str) -> Path:
@@ -73,24 +80,24 @@ def _save(path: Path, cache: dict[str, np.ndarray]) -> None:
 
 
 @contextmanager
-def cached_document_embeddings(provider_name: str, model: str, texts: Sequence[str],
-                               progress: Callable[[Sequence[Any], str], Any]) -> Iterator[int]:
-    """预先按 ``BATCH`` 一批算好 ``texts`` 里缓存没有的向量，期间摄取的 embedding 先查缓存。
-
-    产出预先计算的文本数；退出时把缓存写回磁盘。
-    """
+def embedding_cache(provider_name: str, model: str, *, queries: bool = False) -> Iterator[Any]:
+    """期间该提供方的向量先查磁盘缓存（见模块说明）；产出经断路器的提供方，可用 :func:`prefill` 批量预算。"""
     path = cache_path(provider_name, model)
     cache = _load(path)
     guarded: Any = embedder(provider_name, model)
     original = guarded.inner
-    wrapper = _CachedDocuments(original, cache)
-    todo = list(dict.fromkeys(text for text in texts if _key(text) not in cache))
-    batches = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
-    guarded.inner = wrapper
+    guarded.inner = _CachedEmbeddings(original, cache, queries=queries)
     try:
-        for batch in progress(batches, "预计算向量"):
-            guarded.embed_documents(batch)  # 经断路器与输出检查，结果落进缓存
-        yield len(todo)
+        yield guarded
     finally:
         guarded.inner = original
         _save(path, cache)
+
+
+def prefill(guarded: Any, texts: Sequence[str], progress: Callable[[Sequence[Any], str], Any]) -> int:
+    """按 ``BATCH`` 一批算好缓存里还没有的文本（经断路器与输出检查），返回计算的条数。"""
+    cache = guarded.inner.cache
+    todo = list(dict.fromkeys(text for text in texts if _key(text) not in cache))
+    for batch in progress([todo[i:i + BATCH] for i in range(0, len(todo), BATCH)], "预计算向量"):
+        guarded.embed_documents(batch)
+    return len(todo)

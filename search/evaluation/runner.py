@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import bisect
 import io
 import re
 import time
@@ -24,10 +25,9 @@ from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.auth import SYSTEM_PRINCIPAL
 from search import services
 from search.evaluation.dataset import Dataset, Query
-from search.evaluation.embedding_cache import cached_document_embeddings
+from search.evaluation.embedding_cache import embedding_cache, prefill
 from search.evaluation.metrics import (
     answer_hit_at_k,
-    dedupe,
     mrr_at_k,
     ndcg_at_k,
     percentile,
@@ -35,6 +35,7 @@ from search.evaluation.metrics import (
 )
 from search.evaluation.reference import ReferenceIndex
 from search.query_embeddings import clear_query_embeddings
+from search.scoring import REFERENCE_THRESHOLD
 
 # 评测方式 → (检索方式, 是否重排序)
 MODES: dict[str, tuple[services.Mode, bool]] = {
@@ -64,6 +65,8 @@ class EvaluationConfig:
     keep: bool = False
     # 附加问题集：名称 → 问题（与主问题集共用 qrels，例如同一批问题的另一种语言版本）
     query_sets: dict[str, list[Query]] = field(default_factory=dict)
+    # 查询向量也走磁盘缓存：反复评测时省掉模型时间（此时延迟不含查询向量化）
+    cache_query_embeddings: bool = False
 
 
 @dataclass
@@ -75,6 +78,9 @@ class ModeReport:
     degraded_queries: int = 0
     skipped: str = ""
     per_query: list[dict[str, Any]] = field(default_factory=list)
+    # 前 10 条结果的 (对外分数, 是否标注相关)：衡量一个固定阈值能否把相关与不相关分开
+    score_pairs: list[tuple[float, bool]] = field(default_factory=list)
+    separation: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,7 +101,8 @@ class EvaluationReport:
             "total_seconds": round(self.total_seconds, 1),
             "modes": {m.mode: {"queries": m.queries, "skipped": m.skipped or None, "degraded_queries":
                                m.degraded_queries, **{k: round(v, 4) for k, v in m.metrics.items()},
-                               "latency_ms": {k: round(v, 1) for k, v in m.latency_ms.items()}}
+                               "latency_ms": {k: round(v, 1) for k, v in m.latency_ms.items()},
+                               "score_separation": {k: round(v, 4) for k, v in m.separation.items()}}
                       for m in self.modes},
         }
 
@@ -122,7 +129,34 @@ class EvaluationReport:
             note = f"（{report.degraded_queries} 次降级）" if report.degraded_queries else ""
             lines.append(f"| {report.mode}{note} | {report.queries} | {values} | {report.latency_ms['p50']:.1f} | "
                          f"{report.latency_ms['p95']:.1f} |")
+        scored = [r for r in self.modes if r.separation and not r.skipped and not r.mode.startswith(REFERENCE_MODE)]
+        if scored:
+            threshold = scored[0].separation["threshold"]
+            lines += ["", f"对外分数的可分性（前 10 条结果，阈值 {threshold:g}）", "",
+                      "| 方式 | 精确率 | 召回率 | 保留比例 | AUC |", "|---|---|---|---|---|"]
+            lines += [f"| {r.mode} | {r.separation['precision']:.3f} | {r.separation['recall']:.3f} | "
+                      f"{r.separation['kept_share']:.3f} | {r.separation.get('auc', float('nan')):.3f} |"
+                      for r in scored]
         return "\n".join(lines)
+
+
+def score_separation(pairs: Sequence[tuple[float, bool]], threshold: float) -> dict[str, float]:
+    """一个阈值把前 10 条结果分成“返回 / 不返回”时的精确率与召回率（相对标注相关的那些），以及 ROC AUC
+    （随机取一条相关、一条不相关，相关那条分数更高的概率；与阈值无关）。"""
+    relevant = sorted(score for score, label in pairs if label)
+    other = sorted(score for score, label in pairs if not label)
+    kept = [label for score, label in pairs if score >= threshold]
+    result = {"threshold": threshold,
+              "precision": sum(kept) / len(kept) if kept else 0.0,
+              "recall": sum(kept) / len(relevant) if relevant else 0.0,
+              "kept_share": len(kept) / len(pairs) if pairs else 0.0}
+    if relevant and other:
+        # Mann-Whitney：对每个相关分数数出比它低（同分记半个）的不相关分数
+        wins = sum(bisect.bisect_left(other, score) + (bisect.bisect_right(other, score)
+                                                        - bisect.bisect_left(other, score)) / 2
+                   for score in relevant)
+        result["auc"] = wins / (len(relevant) * len(other))
+    return result
 
 
 def compare_reports(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -165,8 +199,8 @@ def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_p
     bodies = [(unit, f"# {unit.title}\n\n{unit.text}" if unit.title else unit.text) for unit in dataset.units]
     # 单分块文档的分块文本就是正文（带标题时可能连同标题）：两种写法都预先算好，多分块的长文档照常在摄取时计算
     texts = [text for unit, body in bodies for text in (unit.text, body)]
-    with cached_document_embeddings(kb.embedding_provider, kb.embedding_model, texts, progress), \
-            synchronous_tasks():
+    with embedding_cache(kb.embedding_provider, kb.embedding_model) as provider, synchronous_tasks():
+        prefill(provider, texts, progress)
         for unit, body in progress(bodies, "摄取"):
             document_upload(kb=kb, filename=_filename(unit.id), upload=io.BytesIO(body.encode("utf-8")),
                             metadata={"eval_id": unit.id, "title": unit.title}, chunking={})
@@ -185,7 +219,7 @@ def _query_metrics(ranked: Sequence[str], texts: Sequence[str], query: Query,
 
 
 def _record(report: ModeReport, query: Query, qrels: dict[str, int], ranked: Sequence[str],
-            texts: Sequence[str], scores: Sequence[float]) -> None:
+            texts: Sequence[str], scores: Sequence[float], features: list[list[float | None]] | None = None) -> None:
     """累计一个问题的指标，并留下逐题记录（失败分析用：前 10 名、第一个相关结果的名次与分数）。"""
     values = _query_metrics(ranked, texts, query, qrels)
     for name, value in values.items():
@@ -195,14 +229,26 @@ def _record(report: ModeReport, query: Query, qrels: dict[str, int], ranked: Seq
         "query_id": query.id, **{name: round(value, 4) for name, value in values.items()},
         "first_relevant_rank": first, "top10": list(ranked[:10]),
         "top10_scores": [round(score, 4) for score in scores[:10]],
+        **({"top10_features": features[:10]} if features else {}),
     })
+    report.score_pairs.extend((score, qrels.get(unit, 0) > 0) for unit, score in zip(ranked[:10], scores[:10],
+                                                                                     strict=False))
     report.queries += 1
 
 
 def _finish(report: ModeReport, latencies: Sequence[float]) -> ModeReport:
     report.metrics = {name: total / report.queries for name, total in report.metrics.items()}
+    report.separation = score_separation(report.score_pairs, REFERENCE_THRESHOLD)
     report.latency_ms = {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)}
     return report
+
+
+def _best_per_unit(results: Sequence[services.SearchResult]) -> dict[str, services.SearchResult]:
+    """分块 → 单元 id（同一单元只留最好名次那个分块），顺序即名次。"""
+    best: dict[str, services.SearchResult] = {}
+    for result in results:
+        best.setdefault(str(result.chunk.metadata.get("eval_id", "")), result)
+    return best
 
 
 def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Progress = no_progress,
@@ -222,9 +268,10 @@ def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Prog
             report.skipped = "未配置重排序（RAG_RERANK_PROVIDER=none）"
             return report
         report.degraded_queries += bool(outcome.degraded)
-        ranked = dedupe(str(r.chunk.metadata.get("eval_id", "")) for r in outcome.results)
+        best = _best_per_unit(outcome.results)
         texts = [r.parent_text or r.chunk.text for r in outcome.results]
-        _record(report, query, dataset.qrels[query.id], ranked, texts, [r.score for r in outcome.results])
+        _record(report, query, dataset.qrels[query.id], list(best), texts, [r.score for r in best.values()],
+                [list(r.evidence) if r.evidence else [r.vector_similarity, r.fulltext_unit] for r in best.values()])
     return _finish(report, latencies)
 
 
@@ -275,7 +322,8 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
     try:
         statuses = dict(Document.objects.filter(knowledge_base=kb).values_list("status")
                         .annotate(count=Count("id")).values_list("status", "count"))
-        reports = _evaluate_all(kb, dataset, config, progress)
+        with embedding_cache(kb.embedding_provider, kb.embedding_model, queries=config.cache_query_embeddings):
+            reports = _evaluate_all(kb, dataset, config, progress)
         report = EvaluationReport(
             dataset=dataset.name, level=dataset.level, chunking=config.chunking,
             embedding={"provider": kb.embedding_provider, "model": kb.embedding_model,

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from documents.chunking import STRATEGY_DEFAULTS
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import parse_uuid
+from search.evaluation.calibration import suggest
 from search.evaluation.dataset import DatasetError, Query, load_dataset, read_queries
 from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, compare_reports, run_evaluation
 
@@ -49,6 +50,10 @@ class Command(BaseCommand):
                                  "沿用主 qrels，结果标为 方式@NAME")
         parser.add_argument("--per-query", type=Path, help="把逐题结果（各方式的指标、前 10 名、第一个相关结果的名次）"
                                                            "写成 JSON，供失败分析")
+        parser.add_argument("--cache-query-embeddings", action="store_true",
+                            help="查询向量也缓存到 RAG_DATA_DIR/eval-cache（反复评测省时；延迟随之不含查询向量化）")
+        parser.add_argument("--fit-calibration", action="store_true",
+                            help="用本次前 10 条结果与标注拟合不重排时对外分数的校准参数，打印成 RAG_SCORE_* 环境变量")
         parser.add_argument("--compare", type=Path, metavar="OLD.json",
                             help="与以前 --output 写出的 JSON 比较，打印各方式各指标的差值")
         parser.add_argument("--limit", type=int, help="只取按 id 排序的前 N 个问题")
@@ -74,7 +79,7 @@ class Command(BaseCommand):
         kb = self._reused(options["reuse_kb"])
         config = EvaluationConfig(chunking=options["chunking"], embedding_provider=options["embedding_provider"],
                                   embedding_model=options["embedding_model"], modes=modes, keep=options["keep"],
-                                  query_sets=query_sets)
+                                  query_sets=query_sets, cache_query_embeddings=options["cache_query_embeddings"])
         self.stderr.write(f"{dataset.name}：{len(dataset.units)} 个{'段落' if dataset.level == 'passage' else '文档'}，"
                           f"{len(dataset.queries)} 个问题，方式 {', '.join(modes)}")
         progress = (lambda items, _description: items) if options["no_progress"] else _progress
@@ -88,6 +93,10 @@ class Command(BaseCommand):
             options["per_query"].write_text(json.dumps(report.per_query_dict(), ensure_ascii=False) + "\n",
                                             encoding="utf-8")
         self.stdout.write(report.markdown())
+        if options["fit_calibration"]:
+            fitted = suggest({m.mode: m.per_query for m in report.modes if not m.skipped}, dataset.qrels)
+            self.stdout.write("\n拟合的校准参数（前 10 条结果，逻辑回归）：\n"
+                              + "\n".join(f"{key}={value}" for key, value in fitted.items()))
         if previous is not None:
             self.stdout.write("\n" + compare_reports(previous, report.as_dict()))
         self.stdout.write(f"\n总用时 {report.total_seconds:.0f} s" + ("" if config.keep or kb else
