@@ -193,7 +193,8 @@ def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operatio
 def test_rebuild_statistics_repairs_tampered_rows(medical: KnowledgeBase) -> None:
     with connection.cursor() as cursor:
         cursor.execute("UPDATE fulltext_term_stats SET df = df + 7 WHERE knowledge_base_id = %s", [medical.id])
-        cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s AND lexeme = %s", [medical.id, "党参"])
+        cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s AND lexeme = %s",
+                       [medical.id, "党参"])
     assert bm25.statistics_mismatches(medical.id)
     bm25.rebuild_statistics(medical.id)
     assert bm25.statistics_mismatches(medical.id) == []
