@@ -67,6 +67,8 @@ class PlaygroundForm(forms.Form):
     tags_match = forms.ChoiceField(label="标签匹配", choices=TAG_MATCH_CHOICES, initial="any", required=False,
                                    widget=forms.RadioSelect)
     filename = forms.CharField(label="文件名", required=False, max_length=256, help_text="与文件名完全相同")
+    min_score = forms.FloatField(label="最低分", required=False, min_value=0.0, max_value=1.0,
+                                 help_text="只显示得分不低于此值的结果（0~1；不重排时 0.5 表示相关与不相关一样可能）")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -94,7 +96,7 @@ class PlaygroundForm(forms.Form):
         )
         return services.SearchRequest(
             query=data["query"], top_k=data["top_k"], mode=data["mode"], rerank=data["rerank"],
-            return_parent=data["return_parent"], order=data["order"], filters=filters,
+            return_parent=data["return_parent"], order=data["order"], filters=filters, min_score=data["min_score"],
         )
 
 

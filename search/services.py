@@ -75,6 +75,8 @@ class SearchRequest:
     return_parent: bool = True
     order: Order = "score"
     filters: SearchFilters = field(default_factory=SearchFilters)
+    # 低于此分的结果不返回（在截取 top_k 之前过滤，所以返回的条数可能少于 top_k）
+    min_score: float | None = None
 
 
 @dataclass
@@ -251,6 +253,8 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
 
     # 同一父块的多个子块只留得分最高的一个（已按分数降序）
     results = collapse_by(candidates, lambda r: r.chunk.parent_id if r.chunk.role == "child" else None)
+    if request.min_score is not None:
+        results = [r for r in results if r.score >= request.min_score]
     results = results[:request.top_k]
     if request.return_parent:
         _attach_parents(results)

@@ -320,3 +320,32 @@ def test_property_3_graceful_degradation(vector_ids: list[int], text_ids: list[i
         assert outcome.degraded[0] in ("fulltext-only", "no-retrieval")
     if mode != "vector" and text_fails:
         assert ("vector-only" if mode == "hybrid" and vector_ok else "no-retrieval") in outcome.degraded
+
+
+# ---------------------------------------------------------------- min_score 与校准分数
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "vector", "fulltext"])
+def test_min_score_drops_results_below_the_threshold(client_rw: Any, corpus: KnowledgeBase, mode: str) -> None:
+    everything = search(client_rw, corpus, "月季 修剪", mode=mode, top_k=10).json()
+    assert everything
+    scores = [item["score"] for item in everything]
+    assert scores == sorted(scores, reverse=True)
+    threshold = (scores[0] + scores[-1]) / 2 if scores[0] > scores[-1] else scores[0]
+    kept = search(client_rw, corpus, "月季 修剪", mode=mode, top_k=10, min_score=threshold).json()
+    assert kept and [item["chunk_id"] for item in kept] == [i["chunk_id"] for i in everything if i["score"] >= threshold]
+    assert search(client_rw, corpus, "月季 修剪", mode=mode, top_k=10, min_score=1.0).json() == [
+        i for i in everything if i["score"] >= 1.0]
+
+
+def test_min_score_validation(client_rw: Any, corpus: KnowledgeBase) -> None:
+    assert_error(search(client_rw, corpus, "x", min_score=1.5), 400, "VALIDATION_ERROR")
+    assert_error(search(client_rw, corpus, "x", min_score=-0.1), 400, "VALIDATION_ERROR")
+    assert_error(search(client_rw, corpus, "x", min_score="high"), 400, "VALIDATION_ERROR")
+    assert search(client_rw, corpus, "x", min_score=None).status_code == 200
+
+
+def test_top_hybrid_hit_is_no_longer_pinned_to_one(client_rw: Any, corpus: KnowledgeBase) -> None:
+    """以前混合检索的第一名永远是 1.0；现在是校准过的概率，一个不相关的查询不会拿到高分。"""
+    unrelated = search(client_rw, corpus, "量子色动力学的渐近自由", top_k=3).json()
+    assert all(item["score"] < 0.5 for item in unrelated)

@@ -47,6 +47,10 @@ class SearchRequestSerializer(StrictSerializer):
     order = serializers.ChoiceField(choices=("score", "position"), default="score",
                                     help_text="score 按分数降序；position 按文档与文中位置排序（拼接上下文用）")
     filters = SearchFiltersSerializer(required=False)
+    min_score = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0.0, max_value=1.0,
+        help_text="只返回 score 不低于此值的结果（0~1）。不重排时分数是校准过的相关概率，0.5 表示相关与不相关一样可能；"
+                  "重排时是重排模型的 sigmoid 分数。不填则不过滤")
 
     def validate_top_k(self, value: int) -> int:
         if value > settings.MAX_TOP_K:
@@ -63,6 +67,7 @@ class SearchRequestSerializer(StrictSerializer):
         return SearchRequest(
             query=data["query"], top_k=data["top_k"], mode=data["mode"], rerank=data["rerank"],
             return_parent=data["return_parent"], order=data["order"], filters=_filters(data.get("filters") or {}),
+            min_score=data.get("min_score"),
         )
 
 

@@ -1,0 +1,243 @@
+"""全文与混合检索的数据库耗时随规模的变化：BM25（倒排表）与 ts_rank_cd 在同一次运行里并排测量。
+
+    .venv/bin/python bench/fulltext_scale.py --rows 100000 --queries 200
+    .venv/bin/python bench/fulltext_scale.py --rows 1000000 --queries 200 --no-vectors
+
+合成数据（不需要 ../shared）：中文文本按 jieba 词典的词频抽词拼句（词频分布接近真实语料的 Zipf 分布），
+夹少量英文词与数字，每块 80~400 字；向量是围绕 64 个簇中心的单位向量（384 维）。一张表里放三个知识库：
+占 1%、10% 的两个目标库和其余的填充库；另测一次“目标库占 100%”（单独的一张同样大小的库，先删再建）。
+分块经 COPY 写入，触发器随之维护 BM25 统计与倒排表（写入耗时同样报告）。
+
+查询：从目标库的文本里随机截 6~30 字的片段（有时拼两个片段，模拟长问题），每种方式先预热 20 个。
+计时的是检索服务里与模型无关的部分：全文路 ``fulltext_search``；混合是向量路 + 全文路 + 融合
+（``services.search`` 用预先算好的查询向量，不含模型时间）。
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import io
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from multiprocessing import Pool
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
+os.environ.setdefault("RAG_LOG_LEVEL", "warning")
+
+import django  # noqa: E402
+
+django.setup()
+
+import numpy as np  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from documents.models import Document  # noqa: E402
+from knowledge.models import KnowledgeBase  # noqa: E402
+from search import services  # noqa: E402
+from search.fulltext import document_terms, parse_query  # noqa: E402
+from search.retrieval import SearchFilters, fulltext_search  # noqa: E402
+
+DIM = 384
+CHUNKS_PER_DOCUMENT = 500
+ENGLISH = "the patient blood pressure liver function test result report system data model api python service".split()
+
+
+def _vocabulary() -> tuple[list[str], list[int]]:
+    import jieba
+
+    words, cumulative, total = [], [], 0
+    with open(Path(jieba.__file__).parent / "dict.txt", encoding="utf-8") as handle:
+        for line in handle:
+            word, freq, *_ = line.split()
+            if not all("\u4e00" <= ch <= "\u9fff" for ch in word):
+                continue
+            total += int(freq)
+            words.append(word)
+            cumulative.append(total)
+    return words, cumulative
+
+
+_VOCAB: tuple[list[str], list[int]] | None = None
+
+
+def _text(seed: int) -> str:
+    global _VOCAB
+    if _VOCAB is None:
+        _VOCAB = _vocabulary()
+    words, cumulative = _VOCAB
+    rng = random.Random(seed)
+    target, parts, size = rng.randint(80, 400), [], 0
+    while size < target:
+        if rng.random() < 0.04:
+            word = rng.choice(ENGLISH) if rng.random() < 0.7 else str(rng.randint(1, 2030))
+            word = f" {word} "
+        else:
+            word = words[bisect.bisect_left(cumulative, rng.randint(1, cumulative[-1]))]
+        parts.append(word)
+        size += len(word)
+        if rng.random() < 0.08:
+            parts.append("，" if rng.random() < 0.7 else "。")
+    return "".join(parts)
+
+
+def _row(seed: int) -> tuple[str, str, int]:
+    text = _text(seed)
+    vector, length = document_terms(text, (f"doc-{seed // CHUNKS_PER_DOCUMENT}.txt",))
+    return text, vector, length
+
+
+def _centers() -> np.ndarray:
+    centers = np.random.default_rng(0).normal(size=(64, DIM)).astype(np.float32)
+    return centers / np.linalg.norm(centers, axis=1, keepdims=True)
+
+
+def _vector(seed: int, centers: np.ndarray) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    v = centers[seed % len(centers)] + rng.normal(scale=0.6 / np.sqrt(DIM) * 4, size=DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def load(kb: KnowledgeBase, seeds: range, vectors: bool, pool: Pool) -> float:
+    """按 COPY 写入 ``seeds`` 对应的分块（每 500 个一份 completed 文档），返回耗时（秒，含触发器）。"""
+    started = time.perf_counter()
+    centers = _centers()
+    batch = 20_000
+    for start in range(seeds.start, seeds.stop, batch):
+        chunk_seeds = range(start, min(start + batch, seeds.stop))
+        docs = {}
+        for seed in chunk_seeds:
+            number = seed // CHUNKS_PER_DOCUMENT
+            if number not in docs:
+                docs[number] = Document(id=uuid.uuid4(), knowledge_base=kb, filename=f"doc-{number}.txt",
+                                        status=Document.Status.COMPLETED, chunk_count=CHUNKS_PER_DOCUMENT)
+        Document.objects.bulk_create(docs.values())
+        rows = pool.map(_row, chunk_seeds, chunksize=500)
+        buffer = io.StringIO()
+        with connection.cursor() as cursor, cursor.cursor.copy(
+            "COPY document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
+            " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN"
+        ) as copy:
+            for seed, (text, vector, length) in zip(chunk_seeds, rows, strict=True):
+                embedding = "[" + ",".join(f"{x:.5f}" for x in _vector(seed, centers)) + "]" if vectors else None
+                copy.write_row((kb.id, docs[seed // CHUNKS_PER_DOCUMENT].id, seed % CHUNKS_PER_DOCUMENT, text,
+                                "{}", embedding, DIM if vectors else None, "chunk", len(text), "", vector, length,
+                                "2026-01-01T00:00:00Z"))
+        del buffer
+        print(f"  loaded {min(start + batch, seeds.stop) - seeds.start:,} rows into {kb.name}", flush=True)
+    return time.perf_counter() - started
+
+
+def _queries(seeds: range, count: int) -> list[str]:
+    rng = random.Random(7)
+    queries = []
+    for _ in range(count):
+        text = _text(rng.choice(seeds))
+        start = rng.randrange(max(1, len(text) - 30))
+        query = text[start:start + rng.randint(6, 30)]
+        if rng.random() < 0.3:  # 长问题：再拼一段
+            other = _text(rng.choice(seeds))
+            query += other[:rng.randint(10, 30)]
+        queries.append(query)
+    return queries
+
+
+def _percentiles(values: list[float]) -> str:
+    values = sorted(values)
+    p95 = values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
+    return f"p50 {statistics.median(values):6.1f} ms  p95 {p95:6.1f} ms"
+
+
+def measure(kb: KnowledgeBase, queries: list[str], vectors: bool) -> dict[str, str]:
+    results = {}
+    centers = _centers()
+    for ranking in ("bm25", "ts_rank_cd"):
+        settings.FULLTEXT_RANKING = ranking
+        for query in queries[:20]:
+            fulltext_search(kb, parse_query(query), SearchFilters(), 15)
+        times = []
+        for query in queries:
+            started = time.perf_counter()
+            fulltext_search(kb, parse_query(query), SearchFilters(), 50)
+            times.append((time.perf_counter() - started) * 1000)
+        results[f"fulltext {ranking}"] = _percentiles(times)
+        if not vectors:
+            continue
+        times = []
+        from search import query_embeddings
+
+        original = query_embeddings.embed_query
+        services.embed_query = lambda provider, model, text: (_vector(hash(text) % 10**6, centers), True)  # type: ignore[assignment]
+        try:
+            for i, query in enumerate(queries):
+                started = time.perf_counter()
+                services.search(kb, services.SearchRequest(query=query, top_k=5, rerank=False))
+                if i >= 20:
+                    times.append((time.perf_counter() - started) * 1000)
+        finally:
+            services.embed_query = original  # type: ignore[assignment]
+        results[f"hybrid {ranking}"] = _percentiles(times)
+    settings.FULLTEXT_RANKING = "bm25"
+    return results
+
+
+def _kb(name: str) -> KnowledgeBase:
+    KnowledgeBase.objects.filter(name=name).delete()
+    return KnowledgeBase.objects.create(name=name, description="bench/fulltext_scale.py")
+
+
+def _sizes() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('document_chunks')),"
+                       " pg_size_pretty(pg_total_relation_size('fulltext_postings')),"
+                       " pg_size_pretty(pg_total_relation_size('fulltext_term_stats'))")
+        chunks, postings, terms = cursor.fetchone()
+    return f"document_chunks {chunks}, fulltext_postings {postings}, fulltext_term_stats {terms}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--no-vectors", action="store_true", help="只测全文（不写向量，不测混合）")
+    parser.add_argument("--keep", action="store_true", help="结束后保留数据")
+    args = parser.parse_args()
+    vectors = not args.no_vectors
+    rows = args.rows
+    with Pool(os.cpu_count() or 2) as pool:
+        print(f"== 目标库占 100%：{rows:,} 行", flush=True)
+        whole = _kb("bench-fulltext-100pct")
+        seconds = load(whole, range(0, rows), vectors, pool)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE document_chunks; ANALYZE fulltext_postings; ANALYZE fulltext_term_stats")
+        print(f"  写入 {seconds:.0f} s（{rows / seconds:,.0f} 行/s，含 tsvector 生成与触发器）；{_sizes()}", flush=True)
+        report = {"100%": measure(whole, _queries(range(0, rows), args.queries), vectors)}
+        whole.delete()
+        print(f"== 目标库占 10% 与 1%：同样 {rows:,} 行，三个知识库", flush=True)
+        ten, one, rest = _kb("bench-fulltext-10pct"), _kb("bench-fulltext-1pct"), _kb("bench-fulltext-filler")
+        load(ten, range(0, rows // 10), vectors, pool)
+        load(one, range(rows // 10, rows // 10 + rows // 100), vectors, pool)
+        load(rest, range(rows // 10 + rows // 100, rows), vectors, pool)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE document_chunks; ANALYZE fulltext_postings; ANALYZE fulltext_term_stats")
+        report["10%"] = measure(ten, _queries(range(0, rows // 10), args.queries), vectors)
+        report["1%"] = measure(one, _queries(range(rows // 10, rows // 10 + rows // 100), args.queries), vectors)
+        if not args.keep:
+            for kb in (ten, one, rest):
+                kb.delete()
+    print(f"\n结果（{rows:,} 行，每种 {args.queries} 个查询，数据库耗时）")
+    for share, values in report.items():
+        for name, line in values.items():
+            print(f"  {share:>4}  {name:<20} {line}")
+
+
+if __name__ == "__main__":
+    main()
