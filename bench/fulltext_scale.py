@@ -48,7 +48,8 @@ from search.retrieval import SearchFilters, fulltext_search  # noqa: E402
 
 DIM = 384
 CHUNKS_PER_DOCUMENT = 500
-ENGLISH = "the patient blood pressure liver function test result report system data model api python service".split()
+ENGLISH = ["the", "patient", "blood", "pressure", "liver", "function", "test", "result", "report", "system",
+           "data", "model", "api", "python", "service"]
 
 
 def _vocabulary() -> tuple[list[str], list[int]]:
@@ -152,7 +153,7 @@ def _queries(seeds: range, count: int) -> list[str]:
 
 def _percentiles(values: list[float]) -> str:
     values = sorted(values)
-    p95 = values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
+    p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
     return f"p50 {statistics.median(values):6.1f} ms  p95 {p95:6.1f} ms"
 
 

@@ -1,7 +1,7 @@
 """融合参数的离线扫描：对一个已摄取的评测知识库，每个问题只跑一次两路召回（深度 100），
 再在内存里对 RRF 的 k、两路权重、每路深度与覆盖率闸门做网格搜索，报告 nDCG@10 / Recall@10 / hit@5。
 
-    .venv/bin/python bench/fusion_sweep.py ../shared/data/toyhom_meddialog --kb eval-toyhom_meddialog-… [--level passage]
+    .venv/bin/python bench/fusion_sweep.py ../shared/data/toyhom_meddialog --kb eval-toyhom-… [--level passage]
 
 与 ``manage.py evaluate`` 的 hybrid 方式同一套召回与指标代码，只是融合在这里重算，几秒钟就能比较上百组参数。
 查询向量走评测缓存（``evaluate --cache-query-embeddings`` 之后不再计算）。只用于开发集；默认值的取舍写在
@@ -69,8 +69,8 @@ def main() -> None:
         n = len(rankings)
         return ndcg / n, rec / n, hit / n
 
-    print("vector   ", "%.4f %.4f %.4f" % score([(r, r[1]) for r in runs]))
-    print("fulltext ", "%.4f %.4f %.4f" % score([(r, r[2]) for r in runs]))
+    print("vector   ", "{:.4f} {:.4f} {:.4f}".format(*score([(r, r[1]) for r in runs])))
+    print("fulltext ", "{:.4f} {:.4f} {:.4f}".format(*score([(r, r[2]) for r in runs])))
     grid = itertools.product((20, 60), (15, 50, 100), (0.5, 0.7, 1.0, 1.5), ((0.0, 0.0), (0.3, 0.6), (0.4, 0.8)))
     for k, depth, w_text, (floor, full) in grid:
         fused = []
@@ -80,7 +80,7 @@ def main() -> None:
                                weights={"vector": 1.0, "fulltext": w_text * gate})
             fused.append((run, [f.key for f in ranking][:DEPTH]))
         print(f"k={k:<3} depth={depth:<3} w_text={w_text:<4} gate=({floor},{full})",
-              "%.4f %.4f %.4f" % score(fused))
+              "{:.4f} {:.4f} {:.4f}".format(*score(fused)))
 
 
 if __name__ == "__main__":
