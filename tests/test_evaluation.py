@@ -181,3 +181,84 @@ def test_evaluate_rejects_bad_options(tmp_path: Path) -> None:
         call_command("evaluate", str(tmp_path / "nowhere"))
     with pytest.raises(CommandError, match="not enabled"):
         call_command("evaluate", str(root), "--reuse-kb", "no-such-kb")
+
+
+# ---------------------------------------------------------------- 参照 BM25、可分性、校准拟合、对比与附加问题集
+
+
+def test_reference_tokens_and_ranking() -> None:
+    from search.evaluation.reference import ReferenceIndex, reference_tokens
+
+    assert reference_tokens("高血压 HbA1c，臺灣") == ["高", "血", "压", "高血", "血压", "hba1c", "臺", "灣", "臺灣"]
+    index = ReferenceIndex.build([(1, "高血压患者饮食"), (2, "糖尿病患者饮食"), (3, "高血压高血压")])
+    hits = index.search("高血压", 10)
+    assert [key for key, _ in hits][:2] == [3, 1] and all(score > 0 for _, score in hits)
+    assert index.search("完全无关", 10) == []
+
+
+def test_score_separation_hand_computed() -> None:
+    from search.evaluation.runner import score_separation
+
+    pairs = [(0.9, True), (0.8, False), (0.6, True), (0.4, False), (0.2, False)]
+    result = score_separation(pairs, 0.5)
+    assert result["precision"] == pytest.approx(2 / 3) and result["recall"] == 1.0
+    assert result["kept_share"] == pytest.approx(3 / 5)
+    # 相关 0.9 胜过 3 个不相关，0.6 胜过 2 个：5 / (2*3)
+    assert result["auc"] == pytest.approx(5 / 6)
+
+
+def test_fit_logistic_recovers_a_known_curve() -> None:
+    import numpy as np
+
+    from search.evaluation.calibration import fit_logistic, suggest
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.7, 1.0, size=(4000, 1))
+    y = (rng.uniform(size=4000) < 1 / (1 + np.exp(-(x[:, 0] - 0.85) / 0.02))).astype(float)
+    weights, bias = fit_logistic(x, y)
+    assert -bias / weights[0] == pytest.approx(0.85, abs=0.01)
+    assert 1 / weights[0] == pytest.approx(0.02, rel=0.2)
+    records = [{"query_id": f"q{i}", "top10": [f"p{i}"], "top10_features": [[float(x[i, 0]), None]]}
+               for i in range(len(y))]
+    qrels = {f"q{i}": {f"p{i}": int(y[i])} for i in range(len(y))}
+    fitted = suggest({"vector": records}, qrels)
+    assert fitted["RAG_SCORE_VECTOR_CENTER"] == pytest.approx(0.85, abs=0.01)
+
+
+def test_compare_reports_prints_deltas() -> None:
+    from search.evaluation.runner import METRIC_COLUMNS, compare_reports
+
+    old = {"modes": {"fulltext": dict.fromkeys(METRIC_COLUMNS, 0.5), "gone": {}}}
+    new = {"modes": {"fulltext": dict.fromkeys(METRIC_COLUMNS, 0.6), "hybrid": dict.fromkeys(METRIC_COLUMNS, 0.7)}}
+    table = compare_reports(old, new)
+    assert "| fulltext | +10.0 |" in table and "hybrid" not in table
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_reference_query_sets_per_query_compare_and_calibration(tmp_path: Path, fake_embedder: Any,
+                                                                        capsys: Any) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    # 附加问题集：同一批 id 的另一种写法（这里是繁体）
+    (tmp_path / "hant.jsonl").write_text("".join(
+        json.dumps({"_id": qid, "text": text.replace("么", "麼").replace("时", "時")}, ensure_ascii=False) + "\n"
+        for qid, text, _, _ in QUERIES), encoding="utf-8")
+    first, second, per_query = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "pq.json"
+    call_command("evaluate", str(root), "--modes", "fulltext,hybrid,bm25-reference", "--output", str(first),
+                 "--no-progress", "--query-set", f"hant={tmp_path / 'hant.jsonl'}")
+    report = json.loads(first.read_text(encoding="utf-8"))
+    assert set(report["modes"]) == {"fulltext", "hybrid", "bm25-reference", "fulltext@hant", "hybrid@hant",
+                                    "bm25-reference@hant"}
+    assert report["modes"]["bm25-reference"]["recall@100"] == 1.0
+    assert report["modes"]["fulltext@hant"]["mrr@10"] >= 0.8  # 繁体问题经繁简归一化照样命中
+    assert 0.0 <= report["modes"]["hybrid"]["score_separation"]["precision"] <= 1.0
+    call_command("evaluate", str(root), "--modes", "fulltext,hybrid", "--output", str(second), "--no-progress",
+                 "--per-query", str(per_query), "--compare", str(first), "--fit-calibration")
+    out = capsys.readouterr().out
+    assert "与旧报告的差值" in out and "| fulltext | +0.0 |" in out and "拟合的校准参数" in out
+    records = json.loads(per_query.read_text(encoding="utf-8"))["modes"]["hybrid"]
+    assert len(records) == 5 and {"query_id", "ndcg@10", "first_relevant_rank", "top10", "top10_scores",
+                                  "top10_features"} <= set(records[0])
+    with pytest.raises(CommandError, match="NAME=QUERIES"):
+        call_command("evaluate", str(root), "--query-set", "nonsense")
+    with pytest.raises(CommandError, match="--compare"):
+        call_command("evaluate", str(root), "--compare", str(tmp_path / "missing.json"))

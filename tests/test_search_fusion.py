@@ -7,7 +7,9 @@ import itertools
 import math
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,3 +154,61 @@ def test_context_window_contains_the_child(text: str, start: int, length: int, s
     assert text[begin:begin + len(window)] == window
     if end - start <= size:
         assert begin <= start and end <= begin + len(window)
+
+
+# ---------------------------------------------------------------- 加权 RRF、覆盖率闸门、校准分数
+
+
+def test_weighted_rrf_and_zero_weight_path() -> None:
+    fused = rrf_fuse({"vector": [1, 2], "fulltext": [2, 3]}, k=60, weights={"vector": 1.0, "fulltext": 0.0})
+    assert [f.key for f in fused] == [1, 2, 3]  # 权重 0 的一路不影响分数，但名次仍记录
+    assert fused[2].ranks == {"fulltext": 2} and fused[2].score == 0.0
+    doubled = rrf_fuse({"vector": [1], "fulltext": [2]}, weights={"vector": 1.0, "fulltext": 2.0})
+    assert [f.key for f in doubled] == [2, 1]
+
+
+@given(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1))
+def test_lexical_gate_is_monotone_and_bounded(a: float, b: float, floor: float) -> None:
+    from search.fusion import lexical_gate
+
+    full = min(1.0, floor + 0.3)
+    low, high = sorted((a, b))
+    assert 0.0 <= lexical_gate(low, floor, full) <= lexical_gate(high, floor, full) <= 1.0
+    assert lexical_gate(1.0, 0.3, 0.6) == 1.0 and lexical_gate(0.2, 0.3, 0.6) == 0.0
+    assert lexical_gate(0.45, 0.3, 0.6) == pytest.approx(0.5)
+
+
+@given(st.lists(st.floats(0, 1), max_size=30))
+def test_calibrated_scores_never_rise_with_rank(scores: list[float]) -> None:
+    from search.scoring import non_increasing
+
+    result = non_increasing(scores)
+    assert all(x >= y for x, y in itertools.pairwise(result))
+    assert all(r <= s for r, s in zip(result, scores, strict=True))
+
+
+def test_calibration_functions() -> None:
+    from search.scoring import Calibration, fulltext_score, hybrid_score, match_ratio, sigmoid, vector_score
+
+    c = Calibration(0.85, 0.02, 0.3, 0.08, 40.0, 8.0, -36.0)
+    assert vector_score(0.85, c) == pytest.approx(0.5) and vector_score(0.95, c) > 0.99
+    assert fulltext_score(0.3, c) == pytest.approx(0.5) and fulltext_score(0.0, c) < 0.05
+    assert hybrid_score(0.9, 0.5, c) > hybrid_score(0.9, 0.1, c) > hybrid_score(0.8, 0.1, c)
+    assert match_ratio(5.0, 10.0) == 0.5 and match_ratio(20.0, 10.0) == 1.0 and match_ratio(1.0, 0.0) == 0.0
+    assert sigmoid(-1000) == 0.0 and sigmoid(1000) == 1.0
+
+
+def test_evaluation_embedding_cache_only_computes_misses(tmp_path: Any, settings: Any) -> None:
+    from search.evaluation.embedding_cache import _CachedEmbeddings
+    from tests.conftest import FakeEmbedder
+
+    inner = FakeEmbedder()
+    cache: dict[str, Any] = {}
+    wrapper = _CachedEmbeddings(inner, cache, queries=True)
+    first = wrapper.embed_documents(["a", "b", "a"])
+    again = wrapper.embed_documents(["b", "c"])
+    assert inner.calls == [2, 1]  # 重复的 "a" 只算一次，第二次只算没见过的 "c"
+    assert (first[1] == again[0]).all()
+    wrapper.embed_query("q")
+    wrapper.embed_query("q")
+    assert inner.calls == [2, 1, 1]

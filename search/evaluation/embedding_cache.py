@@ -43,7 +43,9 @@ class _CachedEmbeddings:
 
     def embed_documents(self, texts: Sequence[str]) -> Vectors:
         keys = [_key(text) for text in texts]
-        missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in self.cache))
+        # 每个没见过的文本只算一次（同一批里重复的文本取第一次出现的位置）
+        first = {key: i for i, key in reversed(list(enumerate(keys)))}
+        missing = [i for key, i in first.items() if key not in self.cache]
         if missing:
             computed = self.inner.embed_documents([texts[i] for i in missing])
             self.cache.update((keys[i], vector) for i, vector in zip(missing, computed, strict=True))
@@ -83,8 +85,11 @@ def _save(path: Path, cache: dict[str, np.ndarray]) -> None:
 def embedding_cache(provider_name: str, model: str, *, queries: bool = False) -> Iterator[Any]:
     """期间该提供方的向量先查磁盘缓存（见模块说明）；产出经断路器的提供方，可用 :func:`prefill` 批量预算。"""
     path = cache_path(provider_name, model)
-    cache = _load(path)
     guarded: Any = embedder(provider_name, model)
+    if not hasattr(guarded, "inner"):
+        yield guarded  # 不经断路器包装的提供方（测试里的假模型）：没有可替换的内层，不缓存
+        return
+    cache = _load(path)
     original = guarded.inner
     guarded.inner = _CachedEmbeddings(original, cache, queries=queries)
     try:
@@ -96,7 +101,9 @@ def embedding_cache(provider_name: str, model: str, *, queries: bool = False) ->
 
 def prefill(guarded: Any, texts: Sequence[str], progress: Callable[[Sequence[Any], str], Any]) -> int:
     """按 ``BATCH`` 一批算好缓存里还没有的文本（经断路器与输出检查），返回计算的条数。"""
-    cache = guarded.inner.cache
+    cache = getattr(getattr(guarded, "inner", None), "cache", None)
+    if cache is None:
+        return 0
     todo = list(dict.fromkeys(text for text in texts if _key(text) not in cache))
     for batch in progress([todo[i:i + BATCH] for i in range(0, len(todo), BATCH)], "预计算向量"):
         guarded.embed_documents(batch)
