@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "knowledge",
     "documents",
     "search",
+    "agents",
 ]
 
 MIDDLEWARE = [
