@@ -7,7 +7,7 @@
 - 增量：变了就重新分块，只有文本变了的分块重新 embedding，其余复用旧向量（按 text_hash）。
 - 原子：旧分块换成新分块在一个事务里完成，检索永远看不到半新半旧的条目；embedding 失败时旧版本照常可检索。
 - 并发：同一条目的写入用事务级 advisory lock 串行化（新建时还没有行可锁），最后提交的获胜，不会有重复分块。
-- 小条目（≤ RAG_ITEM_SYNC_MAX_CHUNKS 个分块）在请求内同步完成；大条目交给摄取队列（202），
+- 需要重新 embedding 的分块不超过 RAG_ITEM_SYNC_MAX_CHUNKS 时在请求内同步完成；否则交给摄取队列（202），
   排队期间旧版本照常可检索。
 """
 
@@ -255,7 +255,10 @@ def _reused(draft: ChunkDraft, reusable: dict[str, Any]) -> bool:
 
 
 def item_upsert(*, kb: KnowledgeBase, item: ItemInput) -> ItemResult:
-    """写入一个条目（PUT）。小条目同步完成；大条目入队（result=queued）。embedding 失败抛 503/502，旧版本不动。"""
+    """写入一个条目（PUT）。要重算的分块少则同步完成，多则入队（result=queued）。
+
+    embedding 失败抛 503/502，旧版本不动。
+    """
     options = item_options(kb)
     prepared, done = _prepare(kb, [item], options)
     if done:
@@ -263,7 +266,9 @@ def item_upsert(*, kb: KnowledgeBase, item: ItemInput) -> ItemResult:
             raise done[0].error
         return done[0]
     entry = prepared[0]
-    if sum(1 for d in entry.drafts if d.role != "parent") > settings.ITEM_SYNC_MAX_CHUNKS:
+    # 预算按“需要重新 embedding 的分块数”算：大条目改一段仍然同步完成，只有大量新文本才排队
+    reusable = reusable_vectors([entry.existing.pk] if entry.existing is not None else [], kb.embedding_dimension)
+    if sum(1 for d in entry.drafts if d.role != "parent" and not _reused(d, reusable)) > settings.ITEM_SYNC_MAX_CHUNKS:
         return _enqueue(kb, entry, options)
     result = _embed_and_store(kb, prepared, options)[0]
     if result.error is not None:

@@ -118,15 +118,21 @@ def test_large_item_goes_through_the_queue(client_rw: Any, kb_factory: Any, fake
     assert response.status_code == 202 and response.json()["result"] == "queued"
     item = client_rw.get(url(kb, "long")).json()
     assert item["status"] == "completed" and item["chunk_count"] == 5
-    # 排队的更新：只有改动的分块重算，完成后 reindex_status 清空
-    fake_embedder.calls.clear()
+    # 预算按要重算的分块计：改一段仍然同步完成
     parts = paragraphs(5)
     parts[0] += "补充一句。"
+    edited = put(client_rw, kb, "long", content="\n\n".join(parts))
+    assert edited.status_code == 200 and edited.json()["chunks_embedded"] == 1
+    # 改三段超过预算：排队，只有改动的分块重算，完成后 reindex_status 清空
+    fake_embedder.calls.clear()
+    for index in (1, 2, 3):
+        parts[index] += "再补充。"
     with django_capture_on_commit_callbacks(execute=True):
         assert put(client_rw, kb, "long", content="\n\n".join(parts)).status_code == 202
     item = client_rw.get(url(kb, "long")).json()
     assert item["status"] == "completed" and item["reindex_status"] == ""
-    assert sum(fake_embedder.calls) == 1
+    assert item["content"] == "\n\n".join(parts)
+    assert sum(fake_embedder.calls) == 3
 
 
 def test_delete_removes_chunks_from_search(client_rw: Any, kb_factory: Any, fake_embedder: FakeEmbedder) -> None:
@@ -176,7 +182,9 @@ def test_bulk_reports_each_item_and_batches_embeddings(client_rw: Any, kb_factor
     assert fake_embedder.calls == [2]  # 两个新条目一次调用
 
 
-def test_concurrent_upserts_of_one_id_end_with_one_version(kb_factory: Any, fake_embedder: FakeEmbedder) -> None:
+def test_concurrent_upserts_of_one_id_end_with_one_version(kb_factory: Any, fake_embedder: FakeEmbedder,
+                                                           settings: Any) -> None:
+    settings.ITEM_SYNC_MAX_CHUNKS = 100
     kb = kb_factory()
     errors: list[BaseException] = []
     barrier = threading.Barrier(6)
@@ -226,3 +234,31 @@ def test_selective_filter_still_returns_top_k(client_rw: Any, kb_factory: Any, f
     assert {i["domain"] for i in listing["items"]} == {"rare"}
     assert client_rw.get(url(kb), {"tags_all": "t,x"}).json()["total"] == 0
     assert client_rw.get(url(kb), {"tags_any": "t,x"}).json()["total"] == 1000
+
+
+def test_queued_result_is_dropped_when_the_item_changed_meanwhile(client_rw: Any, kb_factory: Any,
+                                                                  fake_embedder: FakeEmbedder, settings: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_q.models import Schedule
+
+    from documents import ingestion
+
+    settings.ITEM_SYNC_MAX_CHUNKS = 0
+    kb = kb_factory()
+    monkeypatch.setattr(items, "enqueue", lambda *args, **kwargs: None)  # 任务由下面手动执行
+    assert put(client_rw, kb, "racy", content="第一版。").status_code == 202
+    document = Document.objects.get(external_id="racy")
+    original = ingestion.embed_step
+
+    def embed_then_rewrite(run: Any, drafts: Any, provider: Any) -> Any:
+        vectors = original(run, drafts, provider)
+        # 模拟处理期间又来了一次写入（新的摘要，仍在排队）
+        Document.objects.filter(pk=document.pk).update(content="第二版。", content_hash="newer")
+        return vectors
+
+    monkeypatch.setattr(ingestion, "embed_step", embed_then_rewrite)
+    ingestion.ingest_document(document_id=document.pk, attempt=1)
+    document.refresh_from_db()
+    assert document.chunk_count == 0 and document.status == "processing"  # 过时的结果没有写入
+    assert not DocumentChunk.objects.filter(document=document).exists()
+    assert Schedule.objects.filter(name__startswith=f"ingest-superseded:{document.pk}").exists()
