@@ -166,7 +166,8 @@ def _store(kb: KnowledgeBase, prepared: _Prepared, vectors: Sequence[Any], optio
         document = _lock_item(kb, item.external_id)
         if _is_current(document, prepared.digest):
             return ItemResult(item.external_id, "unchanged", document)
-        result = "updated" if document is not None else "created"
+        # 经文档接口删除后留下的墓碑：对条目而言是重新创建
+        result = "updated" if document is not None and document.status != Document.Status.DELETED else "created"
         if document is None:
             document = Document(knowledge_base=kb, external_id=item.external_id)
         _apply(document, item, prepared.digest, options)
@@ -288,7 +289,7 @@ def item_delete(*, kb: KnowledgeBase, external_id: str) -> None:
     """删除条目：行与分块在一个事务里删掉，提交后立刻从检索中消失。"""
     with transaction.atomic():
         document = _lock_item(kb, external_id)
-        if document is None:
+        if document is None or document.status == Document.Status.DELETED:
             raise item_not_found(external_id)
         document.delete()
     logger.info("item_deleted", external_id=external_id)

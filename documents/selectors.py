@@ -56,7 +56,9 @@ def item_get(*, kb: KnowledgeBase, external_id: str) -> Document:
     """按外部 id 取条目；不存在抛 404 ITEM_NOT_FOUND。"""
     from documents.items import item_not_found
 
-    document = Document.objects.filter(knowledge_base=kb, external_id=external_id).first()
+    # 经 DELETE /documents/{id} 删除的条目留有墓碑：对条目接口而言就是不存在
+    document = Document.objects.filter(knowledge_base=kb, external_id=external_id).exclude(
+        status=Document.Status.DELETED).first()
     if document is None:
         raise item_not_found(external_id)
     return document
@@ -70,7 +72,7 @@ def item_list(*, kb: KnowledgeBase, filters: SearchFilters, page: int,
     元数据），在数据库里过滤与分页，选择性再高也不会把一页过滤空。
     """
     extra, params = filters.sql()
-    scope = f"FROM documents c WHERE c.knowledge_base_id = %s AND c.external_id <> ''{extra}"
+    scope = f"FROM documents c WHERE c.knowledge_base_id = %s AND c.external_id <> '' AND c.status <> 'deleted'{extra}"
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) {scope}", [kb.id, *params])
         total = int(cursor.fetchone()[0])

@@ -262,3 +262,16 @@ def test_queued_result_is_dropped_when_the_item_changed_meanwhile(client_rw: Any
     assert document.chunk_count == 0 and document.status == "processing"  # 过时的结果没有写入
     assert not DocumentChunk.objects.filter(document=document).exists()
     assert Schedule.objects.filter(name__startswith=f"ingest-superseded:{document.pk}").exists()
+
+
+def test_item_deleted_through_documents_api_can_be_written_again(client_rw: Any, kb_factory: Any,
+                                                                 fake_embedder: FakeEmbedder) -> None:
+    kb = kb_factory()
+    created = put(client_rw, kb, "tomb", content="墓碑测试。").json()
+    assert client_rw.delete(f"/documents/{created['item']['document_id']}").status_code == 204
+    assert_error(client_rw.get(url(kb, "tomb")), 404, "ITEM_NOT_FOUND")
+    assert client_rw.get(url(kb)).json()["total"] == 0
+    again = put(client_rw, kb, "tomb", content="墓碑测试。")
+    assert again.status_code == 201 and again.json()["result"] == "created"
+    assert again.json()["item"]["status"] == "completed"
+    assert search(client_rw, kb, "墓碑", mode="fulltext")
