@@ -136,3 +136,32 @@ def test_stdio(tmp_path: Path, make_client: Any, garden: KnowledgeBase, kb_facto
     finally:
         errlog.close()
     check(outcome, garden)
+
+
+def test_in_process_server_and_command_key_check(make_client: Any, garden: KnowledgeBase) -> None:
+    """stdio 用的 Server 对象在进程内（mcp 的内存传输）同样可用；无效 key 让命令直接失败。"""
+    from asgiref.sync import sync_to_async
+    from django.core.management import CommandError, call_command
+    from django.db import connections
+    from mcp.client import Client
+
+    from agents.stdio import build_server
+    from ops.auth import principal_for_key
+
+    principal = principal_for_key(make_client(access="read", kbs=[garden]).raw_key)
+    assert principal is not None
+
+    async def run() -> Any:
+        async with Client(build_server(principal), mode="legacy") as client:
+            tools = await client.list_tools()
+            written = await client.call_tool("upsert_knowledge_item", {
+                "knowledge_base_id": str(garden.id), "external_id": "x", "content": "只读 key 不能写"})
+            # 工具在 asgiref 的同步线程里执行：关掉那个线程的数据库连接，测试库才能在会话结束时删除
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
+            return tools, written
+
+    tools, written = anyio.run(run)
+    assert {tool.name for tool in tools.tools} == TOOL_NAMES
+    assert written.is_error and written.structured_content["error"]["code"] == "PERMISSION_DENIED"
+    with pytest.raises(CommandError, match="invalid or revoked API key"):
+        call_command("mcp", "--api-key", "rag_not_a_key")
