@@ -80,27 +80,34 @@ def _plan(kb: KnowledgeBase, items: Sequence[ItemInput], current: dict[str, Docu
 
 
 def domain_sync(*, kb: KnowledgeBase, domain: str, version: str, items: Sequence[ItemInput],
-                dry_run: bool = False, progress: ProgressFn | None = None) -> DomainSyncStats:
-    """把一个 domain 同步成 ``items``：版本与内容摘要都没变则跳过；否则逐条写入并删除已不存在的条目。"""
+                dry_run: bool = False, progress: ProgressFn | None = None,
+                invalid: Sequence[tuple[str, str]] = ()) -> DomainSyncStats:
+    """把一个 domain 同步成 ``items``：版本与内容摘要都没变则跳过；否则逐条写入并删除已不存在的条目。
+
+    ``invalid`` 是文件里格式不合法的条目（外部 id, 原因）：它们计为失败，且**不会**因为“不在 items 里”被删除——
+    手误不该让知识库丢数据；这个 domain 也不记为已初始化，改好后下次导入会重试。
+    """
     started = time.monotonic()
     items = [ItemInput(**{**asdict(i), "domain": domain}) for i in items]
     digest = domain_digest(items)
     stats = DomainSyncStats(domain=domain, version=version, dry_run=dry_run)
     record = KnowledgeDomain.objects.filter(knowledge_base=kb, domain=domain).first()
-    if (record is not None and record.status == KnowledgeDomain.Status.INITIALIZED
+    if (not invalid and record is not None and record.status == KnowledgeDomain.Status.INITIALIZED
             and record.version == version and record.content_hash == digest):
         stats.skipped = True
         stats.unchanged = record.item_count
         logger.info("domain_sync_skipped", domain=domain, version=version)
         return stats
     current = _domain_items(kb, domain)
-    wanted = {i.external_id for i in items}
+    wanted = {i.external_id for i in items} | {external_id for external_id, _ in invalid}
     gone = [d.pk for external_id, d in current.items() if external_id not in wanted]
+    stats.failed = len(invalid)
+    errors = [f"{external_id}: {reason}" for external_id, reason in invalid]
+    stats.failures = tuple(errors)
     if dry_run:
         _plan(kb, items, current, stats)
         stats.removed = len(gone)
         return stats
-    errors: list[str] = []
     for start in range(0, len(items), SYNC_BATCH):
         for result in item_bulk_upsert(kb=kb, items=items[start : start + SYNC_BATCH]):
             setattr(stats, result.result, getattr(stats, result.result) + 1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from documents.models import Document
 from documents.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_unavailable
+from ops import metrics
 from ops.context import current_request_id, enqueue
 from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
 from search.embedders import embedder
@@ -248,6 +250,8 @@ def _embed_and_store(kb: KnowledgeBase, prepared: Sequence[_Prepared],
             result.chunks_embedded = sum(1 for d in entry.drafts if d.role != "parent") - reused
         results.append(result)
     logger.info("items_embedded", items=len(prepared), computed=embedded.computed, reused=embedded.reused)
+    metrics.ITEM_CHUNKS.labels(kind="embedded").inc(embedded.computed)
+    metrics.ITEM_CHUNKS.labels(kind="reused").inc(embedded.reused)
     return results
 
 
@@ -255,34 +259,51 @@ def _reused(draft: ChunkDraft, reusable: dict[str, Any]) -> bool:
     return hashlib.sha256(draft.text.encode("utf-8")).hexdigest() in reusable
 
 
+def _record(results: Sequence[ItemResult], started: float) -> None:
+    """结果计数进指标，并记一行带耗时的日志（需求 8.4/8.5）。"""
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.result] = counts.get(result.result, 0) + 1
+        metrics.ITEM_WRITES.labels(result=result.result).inc()
+    logger.info("items_written", duration_ms=round((time.perf_counter() - started) * 1000, 1), **counts)
+
+
 def item_upsert(*, kb: KnowledgeBase, item: ItemInput) -> ItemResult:
     """写入一个条目（PUT）。要重算的分块少则同步完成，多则入队（result=queued）。
 
     embedding 失败抛 503/502，旧版本不动。
     """
+    started = time.perf_counter()
+    result = _upsert_one(kb, item)
+    _record([result], started)
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+def _upsert_one(kb: KnowledgeBase, item: ItemInput) -> ItemResult:
+    """单个条目：未变直接返回；要重算的分块超出同步预算则入队，否则同步写入。"""
     options = item_options(kb)
     prepared, done = _prepare(kb, [item], options)
     if done:
-        if done[0].error is not None:
-            raise done[0].error
         return done[0]
     entry = prepared[0]
     # 预算按“需要重新 embedding 的分块数”算：大条目改一段仍然同步完成，只有大量新文本才排队
     reusable = reusable_vectors([entry.existing.pk] if entry.existing is not None else [], kb.embedding_dimension)
     if sum(1 for d in entry.drafts if d.role != "parent" and not _reused(d, reusable)) > settings.ITEM_SYNC_MAX_CHUNKS:
         return _enqueue(kb, entry, options)
-    result = _embed_and_store(kb, prepared, options)[0]
-    if result.error is not None:
-        raise result.error
-    return result
+    return _embed_and_store(kb, prepared, options)[0]
 
 
 def item_bulk_upsert(*, kb: KnowledgeBase, items: Sequence[ItemInput]) -> list[ItemResult]:
     """批量写入：每个条目一个结果，一个条目失败不影响其他条目；embedding 跨条目合批，全部同步完成。"""
+    started = time.perf_counter()
     options = item_options(kb)
     prepared, done = _prepare(kb, items, options)
     by_id = {r.external_id: r for r in [*done, *_embed_and_store(kb, prepared, options)]}
-    return [by_id[item.external_id] for item in items]
+    results = [by_id[item.external_id] for item in items]
+    _record(results, started)
+    return results
 
 
 def item_delete(*, kb: KnowledgeBase, external_id: str) -> None:

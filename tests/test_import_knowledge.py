@@ -89,8 +89,25 @@ def test_bad_files_are_reported_and_others_still_import(tmp_path: Path, fake_emb
     with pytest.raises(SystemExit):
         call_command("import_knowledge", str(directory), "--kb", "agent-kb", stdout=StringIO(), stderr=err)
     assert "broken.json: cannot read JSON" in err.getvalue()
-    assert "ok.json item #1" in err.getvalue()
+    assert "b: invalid item in ok.json" in err.getvalue()
     assert Document.objects.filter(external_id="a", status="completed").exists()
+    assert KnowledgeDomain.objects.get(domain="ok").status == "failed"
+
+
+def test_invalid_item_is_not_removed_and_domain_is_retried(tmp_path: Path, fake_embedder: FakeEmbedder) -> None:
+    directory = tmp_path / "knowledge"
+    write_domain(directory, "garden", 1, GARDEN_V1)
+    run_import(directory)
+    # 第二版把 g-2 写坏了：它计为失败，但不会被当成“已从文件删除”而删掉
+    write_domain(directory, "garden", 2, [GARDEN_V1[0], {**GARDEN_V1[1], "tags": "花"}])
+    with pytest.raises(SystemExit):
+        run_import(directory)
+    assert Document.objects.filter(external_id="g-2", status="completed").exists()
+    assert KnowledgeDomain.objects.get(domain="garden").status == "failed"
+    write_domain(directory, "garden", 2, GARDEN_V1)
+    output = run_import(directory)
+    assert "garden v2：新建 0，更新 0，未变 2，删除 0，失败 0" in output
+    assert KnowledgeDomain.objects.get(domain="garden").status == "initialized"
 
 
 def test_domain_sync_api(client_rw: Any, kb_factory: Any, fake_embedder: FakeEmbedder, make_client: Any) -> None:

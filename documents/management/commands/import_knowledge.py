@@ -36,8 +36,8 @@ class DomainFileError(Exception):
     """知识文件不合法：消息指明文件与原因。"""
 
 
-def load_domain_file(path: Path) -> tuple[str, str, list[ItemInput], list[str]]:
-    """读一个知识文件，返回 (domain, 版本, 合法条目, 不合法条目的说明)。"""
+def load_domain_file(path: Path) -> tuple[str, str, list[ItemInput], list[tuple[str, str]]]:
+    """读一个知识文件，返回 (domain, 版本, 合法条目, 不合法条目的 (外部 id, 原因))。"""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -48,7 +48,7 @@ def load_domain_file(path: Path) -> tuple[str, str, list[ItemInput], list[str]]:
     if "version" not in data:
         raise DomainFileError(f"{path.name}: 'version' is required")
     items: list[ItemInput] = []
-    invalid: list[str] = []
+    invalid: list[tuple[str, str]] = []
     for index, raw in enumerate(data["items"]):
         if isinstance(raw, dict) and "id" in raw and "external_id" not in raw:
             raw = {"external_id": str(raw["id"]), **{k: v for k, v in raw.items() if k not in ("id", "domain")}}
@@ -58,7 +58,9 @@ def load_domain_file(path: Path) -> tuple[str, str, list[ItemInput], list[str]]:
         if entry.is_valid():
             items.append(item_input(entry.validated_data))
         else:
-            invalid.append(f"{path.name} item #{index}: {json.dumps(entry.errors, ensure_ascii=False)}")
+            external_id = str(raw.get("external_id") or f"#{index}") if isinstance(raw, dict) else f"#{index}"
+            reason = json.dumps(entry.errors, ensure_ascii=False)
+            invalid.append((external_id, f"invalid item in {path.name}: {reason}"))
     return domain, str(data["version"]), items, invalid
 
 
@@ -96,11 +98,8 @@ class Command(BaseCommand):
                 self.stderr.write(str(exc))
                 problems += 1
                 continue
-            for line in invalid:
-                self.stderr.write(line)
-            problems += len(invalid)
-            stats = self._sync(kb, domain, version, items, options["dry_run"]) if kb else self._new_domain(
-                domain, version, items)
+            stats = self._sync(kb, domain, version, items, options["dry_run"], invalid) if kb else self._new_domain(
+                domain, version, items, invalid)
             for key in _TOTALS:
                 totals[key] += getattr(stats, key)
             problems += stats.failed
@@ -121,14 +120,15 @@ class Command(BaseCommand):
             raise CommandError(f"knowledge base {kb.name!r} is {kb.status}")
         return kb
 
-    def _sync(self, kb: KnowledgeBase, domain: str, version: str, items: list[ItemInput],
-              dry_run: bool) -> DomainSyncStats:
+    def _sync(self, kb: KnowledgeBase, domain: str, version: str, items: list[ItemInput], dry_run: bool,
+              invalid: list[tuple[str, str]]) -> DomainSyncStats:
         started = time.monotonic()
 
         def progress(done: int, total: int) -> None:
             write_progress(self.stdout, done, total, started, "条")
 
-        stats = domain_sync(kb=kb, domain=domain, version=version, items=items, dry_run=dry_run, progress=progress)
+        stats = domain_sync(kb=kb, domain=domain, version=version, items=items, dry_run=dry_run, progress=progress,
+                            invalid=invalid)
         if not stats.skipped and not dry_run:
             self.stdout.write("")
         self.stdout.write(self._summary(stats))
@@ -136,10 +136,14 @@ class Command(BaseCommand):
             self.stderr.write(f"  {failure}")
         return stats
 
-    def _new_domain(self, domain: str, version: str, items: list[ItemInput]) -> DomainSyncStats:
-        """--dry-run 且知识库还不存在：全部条目都会新建。"""
-        stats = DomainSyncStats(domain=domain, version=version, dry_run=True, created=len(items))
+    def _new_domain(self, domain: str, version: str, items: list[ItemInput],
+                    invalid: list[tuple[str, str]]) -> DomainSyncStats:
+        """--dry-run 且知识库还不存在：合法条目都会新建。"""
+        stats = DomainSyncStats(domain=domain, version=version, dry_run=True, created=len(items), failed=len(invalid),
+                                failures=tuple(f"{external_id}: {reason}" for external_id, reason in invalid))
         self.stdout.write(self._summary(stats))
+        for failure in stats.failures:
+            self.stderr.write(f"  {failure}")
         return stats
 
     @staticmethod
