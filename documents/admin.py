@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from documents import services
-from documents.models import Document, DocumentChunk
+from documents.models import Document, DocumentChunk, KnowledgeDomain
 from ops.auth import SYSTEM_PRINCIPAL
 from ragservice.admin_actions import apply_service
 
@@ -29,7 +29,7 @@ class DocumentAdmin(_ReadOnlyAdmin):
     list_display = ["filename", "knowledge_base", "status", "stage", "chunk_count", "ocr_skipped",
                     "reindex_status", "updated_at"]
     list_filter = ["status", "reindex_status", "ocr_skipped", "format"]
-    search_fields = ["filename", "id", "error_message"]
+    search_fields = ["filename", "id", "external_id", "error_message"]
     list_select_related = ["knowledge_base"]
     readonly_fields = [f.name for f in Document._meta.fields]
     actions = ["reindex", "soft_delete"]
@@ -60,3 +60,14 @@ class DocumentChunkAdmin(_ReadOnlyAdmin):
     @admin.display(description="文本")
     def short_text(self, obj: DocumentChunk) -> str:
         return obj.chunk_text[:80] + ("…" if len(obj.chunk_text) > 80 else "")
+
+
+@admin.register(KnowledgeDomain)
+class KnowledgeDomainAdmin(_ReadOnlyAdmin):
+    """目录导入 / domain 同步的状态：只读，由 import_knowledge 与同步 API 维护。"""
+
+    list_display = ["domain", "knowledge_base", "version", "status", "item_count", "synced_at"]
+    list_filter = ["status"]
+    search_fields = ["domain"]
+    list_select_related = ["knowledge_base"]
+    readonly_fields = [f.name for f in KnowledgeDomain._meta.fields]

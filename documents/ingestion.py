@@ -15,7 +15,7 @@ import bisect
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from documents.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_tex
 from documents.models import Document, DocumentChunk
 from documents.options import chunking_options
 from documents.parsing import ParsedDocument, ParseError, get_ocr_engine, parse_document
+from documents.parsing.base import Segment
 from knowledge.models import KnowledgeBase
 from ops import metrics
 from ops.locks import advisory_lock, any_advisory_lock
@@ -69,6 +70,10 @@ class IngestionFailure(Exception):
 
 class DocumentGone(Exception):
     """处理期间文档被删除或所属知识库被删除：放弃本次结果，不算失败。"""
+
+
+class ItemSuperseded(Exception):
+    """排队处理的知识条目在处理期间被再次写入：放弃本次结果，由最新的写入生效。"""
 
 
 @dataclass
@@ -130,8 +135,18 @@ class _TimedOcr:
             self.seconds += time.perf_counter() - started
 
 
+def item_parsed(content: str) -> ParsedDocument:
+    """知识条目的正文当作一篇只有一个片段的 Markdown 文档，后续分块、入库与上传文档完全相同。"""
+    return ParsedDocument(segments=(Segment(content),), format="item", ocr_engine=None, ocr_images=0,
+                          ocr_skipped=False)
+
+
 def parse_step(run: Run) -> ParsedDocument:
     """解析原始文件（需要时 OCR）。"""
+    if run.document.external_id:
+        # 知识条目没有原始文件：正文就是要索引的文本
+        with run.stage("parse"):
+            return item_parsed(run.document.content)
     path = Path(settings.DATA_DIR) / run.document.stored_path
     if not path.exists():
         raise IngestionFailure("parse", "The original file is missing from the data directory", transient=False)
@@ -164,35 +179,71 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvider) -> list[np.ndarray | None]:
-    """为可检索的分块计算向量；重新索引时文本没变的分块复用已有向量（同一模型）。"""
-    reusable: dict[str, Any] = dict(
-        DocumentChunk.objects.filter(document=run.document, embedding_dim=run.kb.embedding_dimension)
+def reusable_vectors(document_ids: Sequence[Any], dimension: int) -> dict[str, Any]:
+    """这些文档现有分块的 text_hash → 向量；只取同一维度（同一知识库即同一模型）的向量。"""
+    if not document_ids:
+        return {}
+    return dict(
+        DocumentChunk.objects.filter(document_id__in=list(document_ids), embedding_dim=dimension)
         .exclude(text_hash="")
         .values_list("text_hash", "embedding")
-    ) if run.reindex else {}
-    vectors: list[np.ndarray | None] = [None] * len(drafts)
-    pending: list[int] = []
+    )
+
+
+@dataclass
+class EmbedResult:
+    """一批分块的向量（与输入一一对应，父块为 None）与计数：新算了多少、复用了多少。"""
+
+    vectors: list[list[np.ndarray | None]]
+    computed: int
+    reused: int
+
+
+def embed_drafts(groups: Sequence[Sequence[ChunkDraft]], provider: EmbeddingProvider, reusable: dict[str, Any],
+                 *, between_slices: Callable[[], None] | None = None) -> EmbedResult:
+    """为多组分块（多个文档或条目）一起算向量：文本没变的复用旧向量，相同文本只算一次，
+    其余按 EMBED_SLICE 成批送给提供方（跨条目合批，减少调用次数）。"""
+    vectors: list[list[np.ndarray | None]] = [[None] * len(drafts) for drafts in groups]
+    pending: dict[str, list[tuple[int, int]]] = {}
+    texts: dict[str, str] = {}
     reused = 0
-    for index, draft in enumerate(drafts):
-        if draft.role == "parent":
-            continue
-        cached = reusable.get(text_hash(draft.text))
-        if cached is not None:
-            vectors[index] = np.asarray(cached, dtype=np.float32)
-            reused += 1
-        else:
-            pending.append(index)
+    for group, drafts in enumerate(groups):
+        for index, draft in enumerate(drafts):
+            if draft.role == "parent":
+                continue
+            digest = text_hash(draft.text)
+            cached = reusable.get(digest)
+            if cached is not None:
+                vectors[group][index] = np.asarray(cached, dtype=np.float32)
+                reused += 1
+            else:
+                pending.setdefault(digest, []).append((group, index))
+                texts[digest] = draft.text
+    digests = list(pending)
+    for start in range(0, len(digests), EMBED_SLICE):
+        if between_slices is not None:
+            between_slices()
+        batch = digests[start : start + EMBED_SLICE]
+        matrix = provider.embed_documents([texts[d] for d in batch])
+        for row, digest in zip(matrix, batch, strict=True):
+            for group, index in pending[digest]:
+                vectors[group][index] = row
+    computed = sum(len(places) for places in pending.values())
+    return EmbedResult(vectors=vectors, computed=computed, reused=reused)
+
+
+def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvider) -> list[np.ndarray | None]:
+    """为可检索的分块计算向量；重新索引时文本没变的分块复用已有向量（同一模型）。"""
+    reusable = reusable_vectors([run.document.pk], run.kb.embedding_dimension) if run.reindex else {}
+
+    def between_slices() -> None:
+        run.check_deadline("embed")
+        run.heartbeat("embed")
+
     with run.stage("embed"):
-        for start in range(0, len(pending), EMBED_SLICE):
-            run.check_deadline("embed")
-            batch = pending[start : start + EMBED_SLICE]
-            matrix = provider.embed_documents([drafts[i].text for i in batch])
-            for row, index in zip(matrix, batch, strict=True):
-                vectors[index] = row
-            run.heartbeat("embed")
-    logger.info("ingest_embedded", computed=len(pending), reused=reused)
-    return vectors
+        result = embed_drafts([drafts], provider, reusable, between_slices=between_slices)
+    logger.info("ingest_embedded", computed=result.computed, reused=result.reused)
+    return result.vectors[0]
 
 
 def _locations(parsed: ParsedDocument) -> tuple[list[int], list[dict[str, Any]]]:
@@ -252,26 +303,39 @@ _COPY_SQL = (
 )
 
 
+def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
+                vectors: Sequence[np.ndarray | None]) -> None:
+    """在调用方的事务里把文档的分块整体换成新的一组（COPY 批量写入，全文列由 build_rows 生成）。"""
+    DocumentChunk.objects.filter(document_id=run.document.pk).delete()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence('document_chunks', 'id')) FROM generate_series(1, %s)",
+            [len(drafts)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        with cursor.cursor.copy(_COPY_SQL) as copy:
+            for row in build_rows(run, parsed, drafts, vectors, ids):
+                copy.write_row(row)
+
+
+def lock_knowledge_base_for_write(kb: KnowledgeBase) -> KnowledgeBase:
+    """FOR SHARE：与知识库删除（FOR UPDATE）互斥，但不同文档的提交互不阻塞。须在事务内调用。"""
+    return KnowledgeBase.objects.raw("SELECT * FROM knowledge_bases WHERE id = %s FOR SHARE", [kb.pk])[0]
+
+
 def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
                vectors: Sequence[np.ndarray | None]) -> int:
     """一个事务：替换分块（COPY 批量写入）并把文档置为 completed。"""
     with run.stage("store"), transaction.atomic():
-        # FOR SHARE：与知识库删除（FOR UPDATE）互斥，但不同文档的提交互不阻塞
-        kb = KnowledgeBase.objects.raw("SELECT * FROM knowledge_bases WHERE id = %s FOR SHARE", [run.kb.pk])[0]
+        kb = lock_knowledge_base_for_write(run.kb)
         # 文档行可能已被知识库清理任务删掉
         document = Document.objects.select_for_update().filter(pk=run.document.pk).first()
         if kb.is_deleted or document is None or document.status == Document.Status.DELETED:
             raise DocumentGone()
-        DocumentChunk.objects.filter(document=document).delete()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT nextval(pg_get_serial_sequence('document_chunks', 'id')) FROM generate_series(1, %s)",
-                [len(drafts)],
-            )
-            ids = [row[0] for row in cursor.fetchall()]
-            with cursor.cursor.copy(_COPY_SQL) as copy:
-                for row in build_rows(run, parsed, drafts, vectors, ids):
-                    copy.write_row(row)
+        if document.external_id and document.content_hash != run.document.content_hash:
+            # 排队期间条目又被写了一次：这次的结果已过时，交给更新的那次写入
+            raise ItemSuperseded()
+        copy_chunks(run, parsed, drafts, vectors)
         document.status = Document.Status.COMPLETED
         document.chunk_count = len(drafts)
         document.ocr_skipped = parsed.ocr_skipped
@@ -361,6 +425,20 @@ def _begin(document_id: Any, attempt: int) -> Run | None:
                deadline=time.monotonic() + settings.INGEST_TIMEOUT)
 
 
+def _requeue_superseded(run: Run) -> None:
+    """新的写入若仍在排队，它的任务可能因本次持锁而被跳过：提交后再排一次，保证最新内容终会入库。"""
+    document = Document.objects.filter(pk=run.document.pk).first()
+    logger.info("ingest_abandoned_item_superseded")
+    if document is None:
+        return
+    Document.objects.filter(pk=document.pk).update(stage="")
+    pending = document.status == Document.Status.PROCESSING or document.reindex_status in (
+        Document.Reindex.QUEUED, Document.Reindex.RUNNING)
+    if pending:
+        schedule_task(INGEST_TASK_FUNC, str(document.id), attempt=document.attempts + 1,
+                      delay_seconds=SLOT_RETRY_SECONDS, request_id=document.request_id, label="ingest-superseded")
+
+
 def _execute(run: Run) -> None:
     stage = "parse"
     try:
@@ -378,6 +456,9 @@ def _execute(run: Run) -> None:
     except DocumentGone:
         Document.objects.filter(pk=run.document.pk).update(stage="")
         logger.info("ingest_abandoned_document_gone")
+        return
+    except ItemSuperseded:
+        _requeue_superseded(run)
         return
     except Exception as exc:
         _fail_or_retry(run.document.pk, run.attempt, _classify(stage, exc), run.reindex)

@@ -76,6 +76,11 @@ class Document(models.Model):
     # 重新索引期间文档保持 completed、旧分块照常可检索，新分块提交时原子替换
     reindex_status = models.CharField("重新索引", max_length=16, choices=Reindex.choices, blank=True, default="")
     request_id = models.CharField("发起请求 ID", max_length=64, blank=True, default="")
+    # 知识条目（Agent 按外部 id 写入的结构化知识）也是一行文档：这样检索（只看 completed 文档）无需任何改动。
+    # 普通上传的文档 external_id 为空；条目的正文存在 content 里，content_hash 是已索引版本的摘要
+    external_id = models.CharField("条目外部 id", max_length=255, blank=True, default="")
+    content = models.TextField("条目正文", blank=True, default="")
+    content_hash = models.CharField("条目摘要", max_length=64, blank=True, default="")
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
     updated_at = models.DateTimeField("更新时间", auto_now=True)
     finished_at = models.DateTimeField("完成时间", null=True, blank=True)
@@ -90,6 +95,9 @@ class Document(models.Model):
                 condition=Q(status__in=["processing", "completed", "failed", "deleted"]),
                 name="documents_status_valid",
             ),
+            # 同一知识库内外部 id 唯一：并发写同一条目也只会有一行（写入方另用 advisory lock 串行化）
+            models.UniqueConstraint(fields=["knowledge_base", "external_id"], condition=~Q(external_id=""),
+                                    name="documents_kb_external_id_uniq"),
         ]
         indexes = [
             models.Index(fields=["knowledge_base", "status"], name="documents_kb_status_idx"),
@@ -156,3 +164,36 @@ class DocumentChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id}#{self.chunk_index}"
+
+
+class KnowledgeDomain(models.Model):
+    """一个知识库里某个 domain 的导入状态：版本号与内容摘要都没变时，导入直接跳过这个 domain。"""
+
+    class Status(models.TextChoices):
+        INITIALIZED = "initialized", "已初始化"
+        FAILED = "failed", "部分失败"
+
+    id = models.BigAutoField(primary_key=True)
+    knowledge_base = models.ForeignKey(
+        KnowledgeBase, on_delete=models.CASCADE, related_name="domains", verbose_name="知识库"
+    )
+    domain = models.CharField("领域", max_length=255)
+    version = models.CharField("版本", max_length=64)
+    content_hash = models.CharField("内容摘要", max_length=64)
+    status = models.CharField("状态", max_length=16, choices=Status.choices)
+    item_count = models.PositiveIntegerField("条目数", default=0)
+    # 最近一次同步的统计（created/updated/unchanged/removed/failed、chunks_embedded/reused、seconds）
+    stats = models.JSONField("最近一次统计", default=dict, blank=True)
+    synced_at = models.DateTimeField("同步时间", auto_now=True)
+
+    class Meta:
+        db_table = "knowledge_domains"
+        verbose_name = "知识领域"
+        verbose_name_plural = "知识领域"
+        ordering = ["domain"]
+        constraints = [
+            models.UniqueConstraint(fields=["knowledge_base", "domain"], name="knowledge_domains_kb_domain_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.domain} v{self.version}"

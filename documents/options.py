@@ -11,6 +11,8 @@ from documents.chunking import ChunkingOptions
 from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
 
 _FIELDS = {f.name for f in fields(ChunkingOptions)}
+# 知识条目的默认分块：按字符递归切分 1000/200，优先段落、句子边界（需求 3）
+ITEM_CHUNKING_DEFAULTS: dict[str, Any] = {"strategy": "recursive"}
 
 
 def chunking_options(*layers: dict[str, Any], field_name: str = "chunking") -> ChunkingOptions:

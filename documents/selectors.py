@@ -5,11 +5,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from django.db import connection
+
 from documents.models import Document
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_fetch, parse_uuid
 from ops.auth import Principal, authorize_knowledge_base
 from ragservice.errors import ApplicationError, ErrorCode, not_found
+from search.retrieval import SearchFilters
 
 
 def document_not_found(document_id: object) -> ApplicationError:
@@ -47,3 +50,33 @@ def document_list(
     total = queryset.count()
     offset = (page - 1) * page_size
     return kb, list(queryset.order_by("-created_at", "id")[offset : offset + page_size]), total
+
+
+def item_get(*, kb: KnowledgeBase, external_id: str) -> Document:
+    """按外部 id 取条目；不存在抛 404 ITEM_NOT_FOUND。"""
+    from documents.items import item_not_found
+
+    # 经 DELETE /documents/{id} 删除的条目留有墓碑：对条目接口而言就是不存在
+    document = Document.objects.filter(knowledge_base=kb, external_id=external_id).exclude(
+        status=Document.Status.DELETED).first()
+    if document is None:
+        raise item_not_found(external_id)
+    return document
+
+
+def item_list(*, kb: KnowledgeBase, filters: SearchFilters, page: int,
+              page_size: int) -> tuple[list[Document], int]:
+    """按元数据过滤的条目分页列表（即不带查询的 search_knowledge）。
+
+    过滤条件与 ``POST /search`` 共用 :class:`SearchFilters` 生成的 SQL（文档行同样带有 title/domain/category/tags
+    元数据），在数据库里过滤与分页，选择性再高也不会把一页过滤空。
+    """
+    extra, params = filters.sql()
+    scope = f"FROM documents c WHERE c.knowledge_base_id = %s AND c.external_id <> '' AND c.status <> 'deleted'{extra}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) {scope}", [kb.id, *params])
+        total = int(cursor.fetchone()[0])
+    offset = (page - 1) * page_size
+    rows = Document.objects.raw(f"SELECT c.* {scope} ORDER BY c.updated_at DESC, c.id LIMIT %s OFFSET %s",
+                                [kb.id, *params, page_size, offset])
+    return list(rows), total

@@ -35,6 +35,8 @@ class KnowledgeBase(models.Model):
     embedding_dimension = models.PositiveSmallIntegerField("向量维度", default=384, editable=False)
     # 默认分块参数（strategy/chunk_size/overlap/parent_size），上传时可逐个文档覆盖
     chunking = models.JSONField("分块参数", default=dict, blank=True)
+    # 知识条目的分块参数（默认 recursive 1000/200 字符）；空表示取默认值
+    item_chunking = models.JSONField("条目分块参数", default=dict, blank=True)
 
     class Meta:
         db_table = "knowledge_bases"

@@ -87,9 +87,10 @@ def knowledge_base_create(
     description: str = "",
     embedding: dict[str, str] | None = None,
     chunking: dict[str, Any] | None = None,
+    item_chunking: dict[str, Any] | None = None,
 ) -> KnowledgeBase:
     """创建知识库，默认 enabled；embedding 模型与维度在此确定且此后不变。"""
-    from documents.options import chunking_options, options_dict
+    from documents.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
 
     authorize_global_write(principal)
     embedding = embedding or {}
@@ -97,6 +98,8 @@ def knowledge_base_create(
     kb = KnowledgeBase(
         name=name, description=description, embedding_provider=provider, embedding_model=model,
         embedding_dimension=dimension, chunking=options_dict(chunking_options(chunking or {})),
+        item_chunking=options_dict(chunking_options(ITEM_CHUNKING_DEFAULTS, item_chunking or {},
+                                                    field_name="item_chunking")),
     )
     _save_unique_name(kb, force_insert=True)
     logger.info("knowledge_base_created", knowledge_base_id=str(kb.id), name=name)

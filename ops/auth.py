@@ -60,6 +60,28 @@ def authorize_global_write(principal: Principal) -> None:
         raise _permission_denied("Creating knowledge bases requires a read/write key scoped to all knowledge bases")
 
 
+def principal_for_key(raw_key: str) -> Principal | None:
+    """明文 key → 调用方身份；无效或已吊销返回 None。HTTP 鉴权与 ``manage.py mcp --api-key`` 共用。"""
+    from ops.models import ApiKey, hash_key
+
+    key = (
+        ApiKey.objects.filter(key_hash=hash_key(raw_key.strip()), is_active=True)
+        .prefetch_related("knowledge_bases")
+        .first()
+    )
+    if key is None:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return Principal(
+        name=key.name,
+        can_write=key.can_write,
+        all_knowledge_bases=key.all_knowledge_bases,
+        knowledge_base_ids=frozenset(kb.id for kb in key.knowledge_bases.all()),
+    )
+
+
 class ApiKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer <key>``；密钥按 SHA-256 摘要查找。"""
 
@@ -72,24 +94,9 @@ class ApiKeyAuthentication(BaseAuthentication):
         scheme, _, raw_key = header.partition(" ")
         if scheme.lower() != "bearer" or not raw_key.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        from ops.models import ApiKey, hash_key
-
-        key = (
-            ApiKey.objects.filter(key_hash=hash_key(raw_key.strip()), is_active=True)
-            .prefetch_related("knowledge_bases")
-            .first()
-        )
-        if key is None:
+        principal = principal_for_key(raw_key)
+        if principal is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key")
-        now = timezone.now()
-        if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
-            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        principal = Principal(
-            name=key.name,
-            can_write=key.can_write,
-            all_knowledge_bases=key.all_knowledge_bases,
-            knowledge_base_ids=frozenset(kb.id for kb in key.knowledge_bases.all()),
-        )
         return principal, principal
 
     def authenticate_header(self, request: Request) -> str:

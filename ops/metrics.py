@@ -36,6 +36,9 @@ INGEST_STAGE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0),
 )
 INGEST_RETRIES = Counter("ingestion_retries_total", "文档摄取因暂时性失败而自动重试的次数")
+ITEM_WRITES = Counter("knowledge_item_writes_total", "知识条目写入结果计数（created/updated/unchanged/queued/failed）",
+                      ["result"])
+ITEM_CHUNKS = Counter("knowledge_item_chunks_total", "知识条目写入时重新 embedding 与复用旧向量的分块数", ["kind"])
 SEARCH_STAGE_SECONDS = Histogram(
     "search_stage_duration_seconds", "检索各阶段耗时（秒）：embed、vector、fulltext、fuse、rerank、total", ["stage"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),

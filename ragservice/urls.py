@@ -5,6 +5,7 @@ from django.urls import include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agents.http import McpView
 from ops.views import HealthView, MetricsView, ReadyView
 from search.playground import playground
 
@@ -17,6 +18,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),
     path("playground/", playground, name="search-playground"),
+    path("mcp", McpView.as_view(), name="mcp"),
     path("", include("knowledge.api.urls")),
     path("", include("documents.api.urls")),
     path("", include("search.api.urls")),

@@ -148,12 +148,13 @@ class FakeEmbedder:
 @pytest.fixture
 def fake_embedder(monkeypatch: pytest.MonkeyPatch) -> FakeEmbedder:
     """摄取与检索使用确定性的假 embedding（384 维），不加载真实模型。"""
-    from documents import ingestion
+    from documents import ingestion, items
     from search import query_embeddings
     from search.evaluation import embedding_cache
 
     fake = FakeEmbedder()
     monkeypatch.setattr(ingestion, "embedder", lambda provider, model: fake)
+    monkeypatch.setattr(items, "embedder", lambda provider, model: fake)
     monkeypatch.setattr(query_embeddings, "embedder", lambda provider, model: fake)
     monkeypatch.setattr(embedding_cache, "embedder", lambda provider, model: fake)
     query_embeddings.clear_query_embeddings()

@@ -20,6 +20,11 @@ EXPECTED = {
     "/documents/{document_id}": {"get", "delete"},
     "/documents/{document_id}/reindex": {"post"},
     "/search": {"post"},
+    "/knowledge_bases/{kb_id}/items": {"get"},
+    "/knowledge_bases/{kb_id}/items/bulk": {"post"},
+    "/knowledge_bases/{kb_id}/items/{external_id}": {"get", "put", "delete"},
+    "/knowledge_bases/{kb_id}/domains": {"get"},
+    "/knowledge_bases/{kb_id}/domains/{domain}/sync": {"post"},
     "/health": {"get"},
     "/ready": {"get"},
 }

@@ -34,6 +34,7 @@ class KnowledgeBaseCreateSerializer(StrictSerializer):
     embedding = EmbeddingChoiceSerializer(required=False,
                                           help_text="默认取 RAG_EMBEDDING_PROVIDER / RAG_EMBEDDING_MODEL")
     chunking = ChunkingSerializer(required=False, help_text="该知识库的默认分块参数，上传时可覆盖")
+    item_chunking = ChunkingSerializer(required=False, help_text="知识条目的分块参数，默认 recursive 1000/200 字符")
 
 
 class KnowledgeBaseUpdateSerializer(StrictSerializer):
@@ -67,7 +68,8 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "status", "embedding_provider", "embedding_model",
-                  "embedding_dimension", "chunking", "created_at", "updated_at", "deleted_at", "cleanup_task_id"]
+                  "embedding_dimension", "chunking", "item_chunking", "created_at", "updated_at", "deleted_at",
+                  "cleanup_task_id"]
 
     def get_cleanup_task_id(self, obj: KnowledgeBase) -> str | None:
         """最近一次清理任务的 id（仅已删除的知识库有）。"""

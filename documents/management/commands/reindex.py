@@ -15,6 +15,7 @@ from documents.models import Document
 from knowledge.selectors import parse_uuid
 from ops.auth import SYSTEM_PRINCIPAL
 from ops.context import task_context
+from ops.progress import write_progress
 from ragservice.errors import ApplicationError
 
 
@@ -50,7 +51,7 @@ class Command(BaseCommand):
                 self.stderr.write("收到停止信号，已中止")
                 break
             failures += not self._reindex_one(str(document_id))
-            self._progress(done, len(ids), started)
+            write_progress(self.stdout, done, len(ids), started, "文档")
         self.stdout.write("")
         self.stdout.write(f"完成：{len(ids) - failures} 成功，{failures} 失败")
         if failures:
@@ -69,10 +70,3 @@ class Command(BaseCommand):
         if not ok:
             self.stderr.write(f"\n{document.filename}: {document.error_message}")
         return ok
-
-    def _progress(self, done: int, total: int, started: float) -> None:
-        width = 30
-        filled = int(width * done / total)
-        rate = done / max(time.monotonic() - started, 1e-6)
-        self.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {rate:.2f} 文档/秒", ending="")
-        self.stdout.flush()

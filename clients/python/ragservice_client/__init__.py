@@ -1,0 +1,346 @@
+"""ragservice 的 Python 客户端：检索、知识条目、文档上传与状态轮询、知识库管理。
+
+只依赖 ``requests``，不导入 Django，可以单独安装（``pip install ./clients/python``）。
+
+- 所有非 2xx 响应都抛 :class:`RagError` 的子类，带服务端的错误码、消息、请求 ID 与字段级 details；
+- 503 / 429 与连接错误按指数退避重试（优先服从服务端的 ``Retry-After``），重试次数可配；
+- 检索默认 5 秒超时（``search_timeout``），其余请求用 ``timeout``。
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+__all__ = [
+    "AuthenticationError",
+    "ConflictError",
+    "ItemWrite",
+    "KnowledgeHit",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RagClient",
+    "RagError",
+    "RateLimitedError",
+    "ServiceUnavailableError",
+    "ValidationError",
+]
+
+# 服务端会在这些状态码上要求稍后再试；其余错误重试也不会成功
+_RETRY_STATUSES = frozenset({429, 503})
+_MAX_RETRY_AFTER = 60.0
+
+
+class RagError(Exception):
+    """服务端返回的错误（统一错误格式）。"""
+
+    def __init__(self, status: int, code: str, message: str, request_id: str | None = None,
+                 details: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(f"{status} {code}: {message} (request_id={request_id})")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        self.details = list(details)
+
+
+class ValidationError(RagError):
+    """400：参数不合法；``details`` 指明字段。"""
+
+
+class AuthenticationError(RagError):
+    """401：缺少或无效的 API key。"""
+
+
+class PermissionDeniedError(RagError):
+    """403：key 无权访问该知识库、只读 key 写入，或知识库不可用。"""
+
+
+class NotFoundError(RagError):
+    """404：知识库、文档或条目不存在。"""
+
+
+class ConflictError(RagError):
+    """409/410：状态冲突（名称冲突、已删除、正在处理）。"""
+
+
+class RateLimitedError(RagError):
+    """429：请求过多（已按退避重试仍失败）。"""
+
+
+class ServiceUnavailableError(RagError):
+    """503：暂时不可用（embedding 熔断、未就绪）；已按退避重试仍失败。"""
+
+
+_ERRORS: dict[int, type[RagError]] = {
+    400: ValidationError, 401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError,
+    409: ConflictError, 410: ConflictError, 429: RateLimitedError, 503: ServiceUnavailableError,
+}
+
+
+@dataclass(frozen=True)
+class KnowledgeHit:
+    """``search_knowledge`` 的一条结果：有查询时是一个分块（带 score），没有查询时是一个条目（score 为 None）。"""
+
+    text: str
+    score: float | None
+    external_id: str | None
+    title: str
+    domain: str
+    category: str
+    tags: list[str]
+    document_id: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ItemWrite:
+    """写入一个条目的结果：``result`` 为 created / updated / unchanged / queued。"""
+
+    result: str
+    chunks_embedded: int
+    chunks_reused: int
+    item: dict[str, Any]
+
+
+class RagClient:
+    """``RagClient("http://127.0.0.1:8000", "rag_xxx", knowledge_base_id=...)``。
+
+    ``knowledge_base_id`` 是默认知识库，各方法也可逐次传入。
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, search_timeout: float = 5.0,
+                 knowledge_base_id: str | None = None, retries: int = 3, backoff: float = 0.5,
+                 session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.search_timeout = search_timeout
+        self.knowledge_base_id = knowledge_base_id
+        self.retries = retries
+        self.backoff = backoff
+        self.session = session or requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {api_key}"
+
+    # ------------------------------------------------------------ 检索
+
+    def search(self, query: str, *, knowledge_base_id: str | None = None, top_k: int = 5, mode: str = "hybrid",
+               rerank: bool | None = None, filters: Mapping[str, Any] | None = None,
+               timeout: float | None = None) -> list[dict[str, Any]]:
+        """``POST /search``：返回按 score 降序的分块（字段同 API 文档）。"""
+        body: dict[str, Any] = {"query": query, "knowledge_base_id": self._kb(knowledge_base_id), "top_k": top_k,
+                                "mode": mode, "filters": dict(filters or {})}
+        if rerank is not None:
+            body["rerank"] = rerank
+        result: list[dict[str, Any]] = self._request("POST", "/search", json=body,
+                                                     timeout=timeout or self.search_timeout)
+        return result
+
+    def search_knowledge(self, query: str | None = None, *, domain: str | None = None,
+                         category: str | None = None, tags: Sequence[str] | None = None, top_k: int = 5,
+                         knowledge_base_id: str | None = None) -> list[KnowledgeHit]:
+        """有 ``query`` 时语义 + 全文检索（按 score 降序）；没有时按元数据过滤列出条目。
+
+        过滤之间是“且”；``tags`` 匹配含其中任一标签的条目。
+        """
+        filters: dict[str, Any] = {}
+        if domain:
+            filters["domain"] = domain
+        if category:
+            filters["category"] = category
+        if tags:
+            filters["tags_any"] = list(tags)
+        if query:
+            return [_hit_from_chunk(hit) for hit in self.search(
+                query, knowledge_base_id=knowledge_base_id, top_k=top_k, filters=filters)]
+        page = self.list_items(knowledge_base_id=knowledge_base_id, page_size=top_k, domain=domain,
+                               category=category, tags_any=list(tags or ()))
+        return [_hit_from_item(item) for item in page["items"]]
+
+    # ------------------------------------------------------------ 知识条目
+
+    def put_item(self, external_id: str, content: str, *, title: str = "", domain: str = "", category: str = "",
+                 tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
+                 knowledge_base_id: str | None = None) -> ItemWrite:
+        """按外部 id 写入条目（幂等：内容没变时 result=unchanged，不做任何工作）。"""
+        body = {"content": content, "title": title, "domain": domain, "category": category, "tags": list(tags),
+                "metadata": dict(metadata or {})}
+        data = self._request("PUT", self._item_path(knowledge_base_id, external_id), json=body)
+        return ItemWrite(result=data["result"], chunks_embedded=data["chunks_embedded"],
+                         chunks_reused=data["chunks_reused"], item=data["item"])
+
+    def bulk_upsert(self, items: Iterable[Mapping[str, Any]], *,
+                    knowledge_base_id: str | None = None) -> list[dict[str, Any]]:
+        """批量写入（每项含 external_id 与 PUT 的字段），返回逐条结果。"""
+        data = self._request("POST", f"/knowledge_bases/{self._kb(knowledge_base_id)}/items/bulk",
+                             json={"items": [dict(item) for item in items]})
+        results: list[dict[str, Any]] = data["results"]
+        return results
+
+    def get_item(self, external_id: str, *, knowledge_base_id: str | None = None) -> dict[str, Any]:
+        item: dict[str, Any] = self._request("GET", self._item_path(knowledge_base_id, external_id))
+        return item
+
+    def delete_item(self, external_id: str, *, knowledge_base_id: str | None = None) -> None:
+        self._request("DELETE", self._item_path(knowledge_base_id, external_id))
+
+    def list_items(self, *, knowledge_base_id: str | None = None, page: int = 1, page_size: int = 20,
+                   domain: str | None = None, category: str | None = None, tags_any: Sequence[str] = (),
+                   tags_all: Sequence[str] = ()) -> dict[str, Any]:
+        """条目分页列表，按元数据过滤（字段之间“且”；tags_any 任一、tags_all 全部）。"""
+        params: dict[str, Any] = {"page": page, "page_size": page_size, "domain": domain, "category": category,
+                                  "tags_any": ",".join(tags_any) or None, "tags_all": ",".join(tags_all) or None}
+        page_data: dict[str, Any] = self._request(
+            "GET", f"/knowledge_bases/{self._kb(knowledge_base_id)}/items",
+            params={key: value for key, value in params.items() if value is not None})
+        return page_data
+
+    def sync_domain(self, domain: str, version: str, items: Iterable[Mapping[str, Any]], *, dry_run: bool = False,
+                    knowledge_base_id: str | None = None) -> dict[str, Any]:
+        """整体同步一个 domain（版本与内容未变则跳过，文件里没有的旧条目会被删除）。"""
+        stats: dict[str, Any] = self._request(
+            "POST", f"/knowledge_bases/{self._kb(knowledge_base_id)}/domains/{domain}/sync",
+            json={"version": version, "items": [dict(item) for item in items], "dry_run": dry_run})
+        return stats
+
+    # ------------------------------------------------------------ 文档
+
+    def upload_document(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
+                        chunking: Mapping[str, Any] | None = None,
+                        knowledge_base_id: str | None = None) -> dict[str, Any]:
+        """上传文档（202），返回 document_id 与 status；用 :meth:`wait_for_document` 等待摄取完成。"""
+        path = Path(path)
+        form: dict[str, str] = {}
+        if metadata:
+            form["metadata"] = json.dumps(dict(metadata), ensure_ascii=False)
+        if chunking:
+            form["chunking"] = json.dumps(dict(chunking))
+        with path.open("rb") as handle:
+            accepted: dict[str, Any] = self._request(
+                "POST", f"/knowledge_bases/{self._kb(knowledge_base_id)}/documents", data=form,
+                files={"file": (path.name, handle)})
+        return accepted
+
+    def get_document(self, document_id: str) -> dict[str, Any]:
+        document: dict[str, Any] = self._request("GET", f"/documents/{document_id}")
+        return document
+
+    def wait_for_document(self, document_id: str, *, timeout: float = 300.0, interval: float = 1.0) -> dict[str, Any]:
+        """轮询直到文档不再 processing（且没有排队的重新索引），返回最终详情；超时抛 TimeoutError。"""
+        deadline = time.monotonic() + timeout
+        while True:
+            document = self.get_document(document_id)
+            if document["status"] != "processing" and document.get("reindex_status") not in ("queued", "running"):
+                return document
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"document {document_id} still {document['status']} after {timeout} s")
+            time.sleep(interval)
+
+    def delete_document(self, document_id: str) -> None:
+        self._request("DELETE", f"/documents/{document_id}")
+
+    # ------------------------------------------------------------ 知识库
+
+    def create_knowledge_base(self, name: str, *, description: str = "", **options: Any) -> dict[str, Any]:
+        """创建知识库；``options`` 可含 embedding / chunking / item_chunking。"""
+        kb: dict[str, Any] = self._request("POST", "/knowledge_bases",
+                                           json={"name": name, "description": description, **options})
+        return kb
+
+    def list_knowledge_bases(self, *, page: int = 1, page_size: int = 20,
+                             name_contains: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"page": page, "page_size": page_size}
+        if name_contains:
+            params["name_contains"] = name_contains
+        page_data: dict[str, Any] = self._request("GET", "/knowledge_bases", params=params)
+        return page_data
+
+    def get_knowledge_base(self, knowledge_base_id: str | None = None) -> dict[str, Any]:
+        kb: dict[str, Any] = self._request("GET", f"/knowledge_bases/{self._kb(knowledge_base_id)}")
+        return kb
+
+    def update_knowledge_base(self, knowledge_base_id: str, **changes: Any) -> dict[str, Any]:
+        kb: dict[str, Any] = self._request("PATCH", f"/knowledge_bases/{knowledge_base_id}", json=changes)
+        return kb
+
+    def delete_knowledge_base(self, knowledge_base_id: str) -> dict[str, Any]:
+        """删除知识库（202），返回 cleanup_task_id。"""
+        accepted: dict[str, Any] = self._request("DELETE", f"/knowledge_bases/{knowledge_base_id}")
+        return accepted
+
+    # ------------------------------------------------------------ 传输
+
+    def _kb(self, knowledge_base_id: str | None) -> str:
+        kb = knowledge_base_id or self.knowledge_base_id
+        if not kb:
+            raise ValueError("knowledge_base_id is required (pass it or set RagClient(knowledge_base_id=...))")
+        return kb
+
+    def _item_path(self, knowledge_base_id: str | None, external_id: str) -> str:
+        return f"/knowledge_bases/{self._kb(knowledge_base_id)}/items/{requests.utils.quote(external_id, safe='')}"
+
+    def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
+        """发请求；503/429 与连接错误按退避重试，最终失败抛对应的 :class:`RagError` 子类。"""
+        attempt = 0
+        while True:
+            files = kwargs.get("files")
+            if files and attempt:
+                for _, handle in files.values():
+                    handle.seek(0)
+            try:
+                response = self.session.request(method, self.base_url + path, timeout=timeout or self.timeout,
+                                                **kwargs)
+            except (requests.ConnectionError, requests.Timeout):
+                if attempt >= self.retries:
+                    raise
+                time.sleep(self.backoff * 2**attempt)
+                attempt += 1
+                continue
+            if response.status_code in _RETRY_STATUSES and attempt < self.retries:
+                time.sleep(_retry_delay(response, self.backoff * 2**attempt))
+                attempt += 1
+                continue
+            if response.status_code >= 400:
+                raise _error(response)
+            if response.status_code == 204 or not response.content:
+                return None
+            return response.json()
+
+
+def _retry_delay(response: requests.Response, default: float) -> float:
+    try:
+        return min(float(response.headers["Retry-After"]), _MAX_RETRY_AFTER)
+    except (KeyError, ValueError):
+        return default
+
+
+def _error(response: requests.Response) -> RagError:
+    try:
+        body = response.json()["error"]
+        code, message, request_id, details = body["code"], body["message"], body.get("request_id"), body["details"]
+    except (ValueError, KeyError, TypeError):
+        code, message, request_id, details = "HTTP_ERROR", response.text[:500], None, []
+    request_id = request_id or response.headers.get("X-Request-ID")
+    return _ERRORS.get(response.status_code, RagError)(response.status_code, code, message, request_id, details)
+
+
+def _hit_from_chunk(hit: Mapping[str, Any]) -> KnowledgeHit:
+    metadata = dict(hit.get("metadata") or {})
+    return KnowledgeHit(
+        text=hit["chunk_text"], score=hit["score"], external_id=metadata.get("external_id"),
+        title=metadata.get("title", ""), domain=metadata.get("domain", ""), category=metadata.get("category", ""),
+        tags=list(metadata.get("tags") or []), document_id=hit["document_id"], metadata=metadata,
+    )
+
+
+def _hit_from_item(item: Mapping[str, Any]) -> KnowledgeHit:
+    return KnowledgeHit(
+        text=item["content"], score=None, external_id=item["external_id"], title=item["title"],
+        domain=item["domain"], category=item["category"], tags=list(item["tags"]),
+        document_id=str(item["document_id"]), metadata=dict(item["metadata"]),
+    )
