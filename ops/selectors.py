@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
