@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.html import format_html
 
 from documents import services
@@ -28,7 +30,7 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Document)
 class DocumentAdmin(_ReadOnlyAdmin):
-    list_display = ["filename", "knowledge_base", "state", "chunk_count", "ocr", "error_summary", "updated_at"]
+    list_display = ["filename", "knowledge_base", "state", "chunk_count", "ocr", "error_summary", "updated"]
     list_filter = ["status", "reindex_status", "ocr_skipped", "format", "knowledge_base"]
     search_fields = ["filename", "id", "error_message"]
     list_select_related = ["knowledge_base"]
@@ -65,6 +67,11 @@ class DocumentAdmin(_ReadOnlyAdmin):
         if obj.ocr_skipped:
             return "跳过"
         return f"未跳过（{obj.ocr_engine}）" if obj.ocr_engine else "未跳过"
+
+    @admin.display(description="更新于", ordering="updated_at")
+    def updated(self, obj: Document) -> str:
+        # 完整日期（“2026年11月25日 04:33”）太宽，会把列表挤出横向滚动条；年份在详情页
+        return date_format(timezone.localtime(obj.updated_at), "m-d H:i")
 
     @admin.display(description="错误")
     def error_summary(self, obj: Document) -> str:

@@ -269,8 +269,8 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         pytest.skip("RAG_SKIP_BROWSER_TESTS=1：跳过浏览器端到端测试")
     missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
     if missing:
-        pytest.fail(f"缺少 {', '.join(missing)}：运行 `bash scripts/bootstrap.sh --test` 安装 chromium、chromium-driver 与中文字体"
-                    "（或设置 RAG_SKIP_BROWSER_TESTS=1 跳过浏览器测试）", pytrace=False)
+        pytest.fail(f"缺少 {', '.join(missing)}：运行 `bash scripts/bootstrap.sh --test` 安装 chromium、"
+                    "chromium-driver 与中文字体（或设置 RAG_SKIP_BROWSER_TESTS=1 跳过浏览器测试）", pytrace=False)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
