@@ -65,9 +65,10 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    # ops 排在 django_q 之前：它的 qcluster 命令（日志固定为英文）覆盖 django-q2 自带的同名命令
+    "ops",
     "django_q",
     "django_prometheus",
-    "ops",
     "knowledge",
     "documents",
     "search",

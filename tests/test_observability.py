@@ -526,3 +526,43 @@ def test_hnsw_ef_search_is_set_on_connections(settings):
     assert value == str(settings.HNSW_EF_SEARCH)
     if not os.environ.get("RAG_HNSW_EF_SEARCH"):
         assert value == "40"
+
+
+def test_reaper_is_quiet_when_nothing_is_stale(caplog):
+    from ops.tasks import reap_stale_tasks
+
+    with caplog.at_level(logging.DEBUG):
+        reap_stale_tasks()
+    events = [(r.levelname, r.msg["event"]) for r in caplog.records if isinstance(r.msg, dict)]
+    assert events == [("DEBUG", "stale_tasks_none")]
+
+
+def test_routine_django_q_lines_are_demoted_to_debug():
+    from ops.logging import ROUTINE_TASK_MARKERS, RoutineTaskFilter
+
+    def record(message: str, name: str = "django-q") -> logging.LogRecord:
+        return logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)
+
+    hidden, shown = RoutineTaskFilter(ROUTINE_TASK_MARKERS, False), RoutineTaskFilter(ROUTINE_TASK_MARKERS, True)
+    routine = record("Process-1 processing abc 'ops.tasks.reap_stale_tasks' [ops.reap_stale_tasks]")
+    assert hidden.filter(routine) is False and routine.levelname == "DEBUG"
+    assert shown.filter(record("Processed 'ops.tasks.reap_stale_tasks' (abc)")) is True
+    assert hidden.filter(record("Enqueued [ragservice] 3")) is False
+    assert hidden.filter(record("Process-1 processing abc 'documents.tasks.run_ingestion'")) is True
+    assert hidden.filter(record("reap_stale_tasks mentioned elsewhere", name="ops.tasks")) is True
+
+
+def test_qcluster_command_runs_without_translations(monkeypatch):
+    """worker 日志统一为英文：ops 的 qcluster 覆盖 django-q2 自带的命令，并在关闭翻译的状态下运行它。"""
+    from django.core.management import get_commands, load_command_class
+    from django.utils import translation
+    from django_q.management.commands.qcluster import Command as QclusterCommand
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(QclusterCommand, "handle", lambda self, *args, **options: seen.append(
+        translation.get_language()))
+    assert get_commands()["qcluster"] == "ops"
+    with translation.override("zh-hans"):
+        load_command_class("ops", "qcluster").handle()
+        assert translation.get_language() == "zh-hans"  # 命令结束后恢复
+    assert seen == [None]

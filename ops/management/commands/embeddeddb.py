@@ -34,7 +34,7 @@ class Command(BaseCommand):
             self.stdout.write(f"已设置 RAG_DATABASE_URL（{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/"
                               f"{db['NAME']}），不使用内嵌 PostgreSQL")
             return
-        data_dir = Path(db[DATA_DIR_KEY])
+        data_dir = Path(str(db[DATA_DIR_KEY]))
         action = options["action"]
         if action == "stop":
             stopped = stop_embedded_database(data_dir)
