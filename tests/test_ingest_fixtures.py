@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from documents.models import Document, DocumentChunk
 from tests.shared_data import FIXTURES, skip_without_shared_data
-from tests.test_documents_api import upload
+from tests.test_ingest_generated import ingest_and_check
 
 skip_without_shared_data(FIXTURES)
 
@@ -44,19 +43,7 @@ def test_expectations_cover_every_fixture():
 def test_fixture_ingests_with_expected_content(relative, client_rw, kb_factory, run_on_commit):
     path = FIXTURES / relative
     fmt, expected, place_key = EXPECTED[relative]
-    kb = kb_factory()
-    response = upload(client_rw, kb, path.name, path.read_bytes(), run_on_commit, metadata='{"domain": "fixtures"}')
-    assert response.status_code == 202, response.content
-    document = Document.objects.get(pk=response.json()["document_id"])
-    assert document.status == "completed", document.error_message
-    assert document.format == fmt
-    chunks = list(DocumentChunk.objects.filter(document=document).order_by("chunk_index"))
-    assert document.chunk_count == len(chunks) > 0
-    text = "\n".join(c.chunk_text for c in chunks)
-    for snippet in expected:
-        assert snippet in text, (snippet, text[:2000])
-    if place_key:
-        assert all(place_key in c.metadata for c in chunks)
-    assert all(c.metadata["domain"] == "fixtures" and c.embedding_dim == 384 for c in chunks)
+    document = ingest_and_check(client_rw, kb_factory(), path.name, path.read_bytes(), run_on_commit, fmt=fmt,
+                                expected=expected, place_key=place_key)
     if relative.startswith("zh/") and fmt != "html":
         assert document.ocr_engine == "rapidocr" and not document.ocr_skipped

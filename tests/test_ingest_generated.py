@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from documents.models import Document, DocumentChunk
+from knowledge.models import KnowledgeBase
 from tests import sample_docs
 from tests.sample_docs import BODY, PICTURE_LINES, SCAN_LINES
 from tests.test_documents_api import upload
@@ -34,11 +36,10 @@ CASES: dict[str, tuple[Callable[[], bytes], str, list[str], str | None, bool]] =
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_generated_document_ingests_with_expected_content(name, client_rw, kb_factory, run_on_commit):
-    make, fmt, expected, place_key, ocr = CASES[name]
-    kb = kb_factory()
-    response = upload(client_rw, kb, name, make(), run_on_commit, metadata='{"domain": "generated"}')
+def ingest_and_check(client: Any, kb: KnowledgeBase, name: str, data: bytes, run_on_commit: Any, *, fmt: str,
+                     expected: list[str], place_key: str | None) -> Document:
+    """经真实 API 上传并摄取，断言 completed、格式、分块里有期望的文字与位置信息，返回文档。"""
+    response = upload(client, kb, name, data, run_on_commit, metadata='{"domain": "samples"}')
     assert response.status_code == 202, response.content
     document = Document.objects.get(pk=response.json()["document_id"])
     assert document.status == "completed", document.error_message
@@ -50,5 +51,13 @@ def test_generated_document_ingests_with_expected_content(name, client_rw, kb_fa
         assert snippet in text, (snippet, text[:2000])
     if place_key:
         assert all(place_key in c.metadata for c in chunks)
-    assert all(c.metadata["domain"] == "generated" and c.embedding_dim == 384 for c in chunks)
+    assert all(c.metadata["domain"] == "samples" and c.embedding_dim == 384 for c in chunks)
+    return document
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_document_ingests_with_expected_content(name, client_rw, kb_factory, run_on_commit):
+    make, fmt, expected, place_key, ocr = CASES[name]
+    document = ingest_and_check(client_rw, kb_factory(), name, make(), run_on_commit, fmt=fmt, expected=expected,
+                                place_key=place_key)
     assert (document.ocr_engine == "rapidocr") is ocr and not document.ocr_skipped
