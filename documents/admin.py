@@ -34,10 +34,11 @@ class DocumentAdmin(_ReadOnlyAdmin):
     list_filter = ["status", "reindex_status", "ocr_skipped", "format", "knowledge_base"]
     search_fields = ["filename", "id", "error_message"]
     list_select_related = ["knowledge_base"]
-    readonly_fields = [f.name for f in Document._meta.fields]
+    readonly_fields = [*(f.name for f in Document._meta.fields), "state", "ocr"]
+    # 详情页与列表用同样的“状态与进度”“OCR”说明，不显示布尔图标
     fieldsets = [
-        (None, {"fields": ["filename", "knowledge_base", "status", "stage", "reindex_status", "error_message",
-                           "chunk_count", "format", "size_bytes", "ocr_skipped", "ocr_engine"]}),
+        (None, {"fields": ["filename", "knowledge_base", "state", "error_message", "chunk_count", "format",
+                           "size_bytes", "ocr"]}),
         ("处理记录", {"fields": ["stage_timings", "attempts", "next_retry_at", "request_id", "created_at",
                              "updated_at", "finished_at"]}),
         ("文件与参数", {"classes": ["collapse"],

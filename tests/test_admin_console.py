@@ -119,6 +119,12 @@ def test_document_list_shows_progress_error_and_ocr_words(admin_client: Any, con
     assert "icon-no.svg" not in html  # OCR 不再用红色 ✗
 
 
+def test_document_detail_uses_the_same_words(admin_client: Any, console: dict[str, Any]) -> None:
+    html = admin_client.get(reverse("admin:documents_document_change", args=[console["failed"].pk])).content.decode()
+    assert '<span class="rag-status-failed">失败</span>' in html and "未跳过" in html
+    assert "icon-no.svg" not in html and "icon-yes.svg" not in html and LONG_ERROR in html
+
+
 def test_chunk_detail_starts_with_text_and_hides_vectors(admin_client: Any, console: dict[str, Any]) -> None:
     chunk = console["chunk"]
     html = admin_client.get(reverse("admin:documents_documentchunk_change", args=[chunk.pk])).content.decode()
