@@ -27,9 +27,10 @@ def _free_port() -> int:
 
 
 def _ready(base: str) -> bool:
+    # 启动期间 web worker 还在预加载模型，请求可能排队好几秒：连不上与超时都只是“还没就绪”
     try:
         return requests.get(f"{base}/ready", timeout=5).status_code == 200
-    except requests.ConnectionError:
+    except (requests.ConnectionError, requests.Timeout):
         return False
 
 
