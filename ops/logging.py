@@ -22,6 +22,31 @@ _SHARED_PROCESSORS: list[Any] = [
 ]
 
 
+# 每分钟一次的回收器：django-q2 为它打的“从计划创建任务 / processing / 已处理”几行，以及不带任何任务信息的
+# “Enqueued [ragservice] N”，只在 debug 级别出现
+ROUTINE_TASK_MARKERS = ("reap_stale_tasks", "Enqueued [")
+
+
+class RoutineTaskFilter(logging.Filter):
+    """把 django-q2 关于例行周期任务的 INFO 行降为 DEBUG（日志级别不是 debug 时丢弃），其余原样放行。
+
+    django-q2 的这些行在它自己的代码里以 INFO 记录，只能在输出端降级；真正有事（重新入队、失败）时
+    回收器自己会以 info/warning 记录。
+    """
+
+    def __init__(self, markers: tuple[str, ...], show: bool) -> None:
+        super().__init__()
+        self.markers = markers
+        self.show = show
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.levelno == logging.INFO and record.name == "django-q"
+                and any(marker in record.getMessage() for marker in self.markers)):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.show
+        return True
+
+
 def logging_dict(*, level: str, fmt: str) -> dict[str, Any]:
     """标准库 logging 的 dictConfig：根 logger 经 structlog 的格式化器输出到 stdout。
 
@@ -46,8 +71,12 @@ def logging_dict(*, level: str, fmt: str) -> dict[str, Any]:
                 ],
             },
         },
+        "filters": {
+            "routine": {"()": RoutineTaskFilter, "markers": ROUTINE_TASK_MARKERS, "show": level == "DEBUG"},
+        },
         "handlers": {
-            "stdout": {"class": "logging.StreamHandler", "stream": sys.stdout, "formatter": "structured"},
+            "stdout": {"class": "logging.StreamHandler", "stream": sys.stdout, "formatter": "structured",
+                       "filters": ["routine"]},
         },
         "root": {"handlers": ["stdout"], "level": level},
         "loggers": {

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection
+import structlog
+from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
+
+logger = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ def check_pgvector() -> CheckResult:
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         row = cursor.fetchone()
     if row is None:
-        return CheckResult("pgvector", False, "extension 'vector' is not installed in this database")
+        return CheckResult("pgvector", False, "The pgvector extension is not installed in this database")
     return CheckResult("pgvector", True, f"vector {row[0]}")
 
 
@@ -53,22 +57,39 @@ def check_migrations() -> CheckResult:
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     if plan:
         pending = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:5])
-        return CheckResult("migrations", False, f"{len(plan)} unapplied migration(s): {pending}")
+        return CheckResult("migrations", False,
+                           f"{len(plan)} database migration(s) not applied (run: manage.py migrate): {pending}")
     return CheckResult("migrations", True, "all applied")
 
 
 def check_worker() -> CheckResult:
-    """django-q2 集群的心跳写在共享的数据库缓存里；有一个集群在报告即视为 worker 在线。"""
+    """django-q2 集群的心跳写在共享的数据库缓存里；至少一个 worker 已加载完模型才算在线。
+
+    只要求“至少一个”而不是“全部”：django-q2 回收（recycle）worker 时新进程要重新加载模型，
+    要求全部会让 /ready 在正常运行中反复变成 503。
+    """
     from django_q.conf import Conf
     from django_q.status import Stat
+
+    from ops.warmup import worker_warm_states
 
     if Conf.SYNC:
         return CheckResult("worker", True, "tasks run synchronously (RAG_QUEUE_SYNC=true)")
     clusters = [s for s in Stat.get_all() if s.status not in ("Stopped", "Stopping")]
     if not clusters:
-        return CheckResult("worker", False, "no django-q2 worker cluster is running")
-    workers = sum(len(s.workers) for s in clusters)
-    return CheckResult("worker", True, f"{len(clusters)} cluster(s), {workers} worker process(es)")
+        return CheckResult("worker", False, "No background worker is running (start it with: manage.py qcluster)")
+    workers = [(cluster.host, pid) for cluster in clusters for pid in cluster.workers]
+    states = worker_warm_states(workers)
+    warm = [state for state in states if state.ok]
+    if not warm:
+        if states:
+            return CheckResult("worker", False, "The background worker could not load the embedding model or the "
+                                                "OCR engine; see the worker log")
+        return CheckResult("worker", False, "The background worker is still loading the embedding model and the "
+                                            "OCR engine")
+    slowest = max(state.seconds for state in warm)
+    return CheckResult("worker", True, f"{len(clusters)} cluster(s), {len(warm)}/{len(workers)} worker process(es) "
+                                       f"loaded {warm[0].loaded} (in {slowest:.1f} s)")
 
 
 def check_models() -> CheckResult:
@@ -81,16 +102,26 @@ def check_models() -> CheckResult:
     return CheckResult("models", True, f"embedding: {loaded}")
 
 
-READINESS_CHECKS = (check_database, check_pgvector, check_migrations, check_worker, check_models)
+# 检查项与它抛异常时给人看的说明：绝不把 SQL、驱动报错原文放进公开的探针响应，原文只进日志
+READINESS_CHECKS: tuple[tuple[Callable[[], CheckResult], str], ...] = (
+    (check_database, "The database cannot be reached"),
+    (check_pgvector, "Could not check whether the pgvector extension is installed"),
+    (check_migrations, "Could not read which database migrations have been applied"),
+    (check_worker, "Could not read the background worker status from the database (run: manage.py migrate)"),
+    (check_models, "The default embedding model could not be loaded"),
+)
 
 
 def readiness() -> list[CheckResult]:
-    """依次执行就绪检查；一项抛异常即记为失败，不影响其他项。"""
+    """依次执行就绪检查；一项抛异常即记为失败（说明用固定文字，异常写日志），不影响其他项。"""
     results = []
-    for check in READINESS_CHECKS:
+    for check, failure in READINESS_CHECKS:
         name = check.__name__.removeprefix("check_")
         try:
-            results.append(check())
-        except Exception as exc:
-            results.append(CheckResult(name, False, f"{type(exc).__name__}: {exc}"))
+            # 每项一个保存点：一项查询出错不会让同一事务里后面的检查跟着失败
+            with transaction.atomic():
+                results.append(check())
+        except Exception:
+            logger.warning("readiness_check_failed", check=name, exc_info=True)
+            results.append(CheckResult(name, False, failure))
     return results

@@ -93,5 +93,10 @@ def reap_stale_tasks() -> None:
     """django-q2 每分钟调度的入口。"""
     with task_context("reap_stale_tasks", None):
         stale_after = timedelta(seconds=settings.STALE_TASK_SECONDS)
-        requeue_stale_cleanups(stale_after=stale_after)
-        reap_stale_documents(stale_after=stale_after)
+        cleanups = requeue_stale_cleanups(stale_after=stale_after)
+        documents = reap_stale_documents(stale_after=stale_after)
+        if cleanups or documents:
+            logger.info("stale_tasks_reaped", cleanup_tasks=len(cleanups), documents=len(documents))
+        else:
+            # 绝大多数分钟什么都没有：只在 debug 级别留一行，免得每分钟刷屏
+            logger.debug("stale_tasks_none")

@@ -21,7 +21,7 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """预热全文检索的切词词典与繁简转换表（约 1.5 s），免得第一个检索请求替所有人付这笔开销。"""
-    from search.fulltext import warm_up
+    """预加载默认 embedding 模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
+    from ops.warmup import load_models
 
-    warm_up()
+    load_models(ocr=False)

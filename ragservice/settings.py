@@ -65,9 +65,10 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    # ops 排在 django_q 之前：它的 qcluster 命令（日志固定为英文）覆盖 django-q2 自带的同名命令
+    "ops",
     "django_q",
     "django_prometheus",
-    "ops",
     "knowledge",
     "documents",
     "search",
@@ -113,11 +114,16 @@ HNSW_EF_SEARCH = env_int("RAG_HNSW_EF_SEARCH", 40, "查询时 hnsw.ef_search", m
 def _database() -> dict[str, object]:
     url = env_str("RAG_DATABASE_URL", "", "PostgreSQL(>=15, pgvector>=0.7) 连接 URL；不设置则在 "
                   "RAG_DATA_DIR 下自动启动内嵌 PostgreSQL")
-    if not url:
-        from ragservice.embedded_db import ensure_embedded_database
+    if url:
+        db = database_from_url(url)
+    else:
+        # 内嵌服务器在第一次连接时才启动（见 ragservice.embedded_backend）：help、ragconfig、
+        # embeddeddb status/stop 这类不连数据库的命令不会把它拉起来
+        from ragservice.embedded_backend.base import DATA_DIR_KEY
+        from ragservice.embedded_db import DATABASE_NAME
 
-        url = ensure_embedded_database(DATA_DIR)
-    db = database_from_url(url)
+        db = {"ENGINE": "ragservice.embedded_backend", "NAME": DATABASE_NAME, "USER": "", "PASSWORD": "",
+              "HOST": "", "PORT": "", "OPTIONS": {}, DATA_DIR_KEY: str(DATA_DIR)}
     options = db["OPTIONS"]
     assert isinstance(options, dict)
     # 每个连接都带上 ef_search；vector 扩展加载前该 GUC 只是占位变量，PostgreSQL 允许先设置

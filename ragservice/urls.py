@@ -9,6 +9,10 @@ from agents.http import McpView
 from ops.views import HealthView, MetricsView, ReadyView
 from search.playground import playground
 
+admin.site.site_header = "ragservice 管理后台"
+admin.site.site_title = "ragservice 管理后台"
+admin.site.index_title = "概览"
+
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="index"),
     path("health", HealthView.as_view(), name="health"),

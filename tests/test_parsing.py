@@ -1,8 +1,8 @@
-"""文档解析层测试：真实样例文件（shared/data/fixtures）的内容断言、OCR 引擎、编码、格式识别与错误。
+"""文档解析层测试：测试时生成的中文样例（见 sample_docs.py）的内容断言、OCR 引擎、编码、格式识别与错误。
 
 - 断言的是“解析出了什么”（正文、表格、OCR 文字、页码/工作表/幻灯片位置），不只是“没报错”；
 - 两个 OCR 引擎各自单独测（未安装则跳过），引擎按模块复用，避免重复加载模型；
-- 不需要数据库；样例目录不存在时，依赖样例的测试跳过，其余照常运行。
+- 不需要数据库，也不需要仓库外的文件；真实第三方样例（../shared/data）的测试在 test_shared_fixtures.py。
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from documents.parsing import (
     SUPPORTED_EXTENSIONS,
@@ -33,21 +32,14 @@ from documents.parsing import (
 )
 from documents.parsing import ocr as ocr_module
 from documents.parsing.text import decode_text
-
-FIXTURES = Path(settings.BASE_DIR).parent / "shared" / "data" / "fixtures"
+from tests import sample_docs
+from tests.sample_docs import BODY, PICTURE_LINES, SCAN_LINES
 
 ZH_SAMPLE = "中文测试，招标文件第一章 总则"
 ZH_SAMPLE_TRADITIONAL = "中文測試，招標文件第一章 總則"
 
 
 # ---------------------------------------------------------------- 夹具与工具
-
-
-@pytest.fixture(scope="module")
-def fixtures() -> Path:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"fixture directory {FIXTURES} is not available")
-    return FIXTURES
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +84,20 @@ class BrokenOcr:
 
 
 @pytest.fixture(scope="module")
-def ocr_image(fixtures: Path) -> bytes:
-    """样例 DOCX 里内嵌的图片（JPEG，含“横向文本框 / 竖向文本框 / English text”）。"""
-    with zipfile.ZipFile(fixtures / "zh" / "chatchat_ocr_test.docx") as archive:
-        return archive.read("word/media/image1.jpeg")
+def ocr_image() -> bytes:
+    """带中英文三行字（PICTURE_LINES）的 JPEG，用 CJK 字体渲染。"""
+    return sample_docs.text_picture(fmt="JPEG")
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """生成的中文样例文档，写成文件（解析器读的是路径）。"""
+    folder = tmp_path_factory.mktemp("samples")
+    for name, data in (("zh.docx", sample_docs.zh_docx()), ("zh.pptx", sample_docs.zh_pptx()),
+                       ("zh.xlsx", sample_docs.zh_xlsx()), ("zh.pdf", sample_docs.zh_pdf()),
+                       ("zh.html", sample_docs.ZH_HTML.encode()), ("zh.epub", sample_docs.zh_epub())):
+        (folder / name).write_bytes(data)
+    return folder
 
 
 def write(tmp_path: Path, name: str, data: bytes) -> Path:
@@ -224,42 +226,44 @@ def test_supported_extensions_and_markdown_join() -> None:
 # ---------------------------------------------------------------- 中文样例 + rapidocr
 
 
-def test_zh_docx_body_table_and_image_ocr(fixtures: Path, rapidocr: OcrEngine) -> None:
-    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.docx", rapidocr)
+def test_zh_docx_heading_body_table_and_image_ocr(samples: Path, rapidocr: OcrEngine) -> None:
+    parsed = parse(samples / "zh.docx", rapidocr)
     assert parsed.format == "docx"
     assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == ("rapidocr", 1, False)
     assert len(parsed.segments) == 1
     text = parsed.markdown
-    assert text.startswith("我是文字")
-    assert "| 我是表格1 | 我是表格2 |" in table_rows(text)
-    assert "| 我是表格3 | 我是表格4 |" in table_rows(text)
-    # 图片中的横排、竖排中文与英文都识别出来，且放在图片原位置（表格之后）
-    for expected in ("横向文本框", "竖向文本框", "English text"):
+    assert text.startswith(f"# 第一章 总则\n\n{BODY}")
+    assert {"| 我是表格1 | 我是表格2 |", "| 我是表格3 | 我是表格4 |"} <= set(table_rows(text))
+    # 图片里的中文与英文都识别出来，且放在图片原位置（表格之后）
+    for expected in PICTURE_LINES:
         assert expected in text
     assert text.index("横向文本框") > text.index("我是表格4")
     assert "base64" not in text
 
 
-def test_zh_pdf_text_layer_and_image_ocr(fixtures: Path, rapidocr: OcrEngine) -> None:
-    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.pdf", rapidocr)
+def test_zh_pdf_text_layer_image_and_scanned_page(samples: Path, rapidocr: OcrEngine) -> None:
+    parsed = parse(samples / "zh.pdf", rapidocr)
     assert parsed.format == "pdf"
-    assert [segment.page for segment in parsed.segments] == [1]
-    text = parsed.segments[0].text
-    assert text.startswith("我是文字")
-    for expected in ("横向文本框", "竖向文本框", "English text"):
-        assert expected in text
-    assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == ("rapidocr", 1, False)
+    assert [segment.page for segment in parsed.segments] == [1, 2]
+    first, scanned = (segment.text for segment in parsed.segments)
+    # 第 1 页：文字层在前，内嵌图片的 OCR 文字在后
+    assert first.startswith(BODY) and "投标人应当具备承担招标项目的能力。" in first
+    assert first.index("English text") > first.index(BODY)
+    assert all(line in first for line in PICTURE_LINES)
+    # 第 2 页没有文字层：整页渲染后识别
+    assert scanned.splitlines() == list(SCAN_LINES)
+    assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == ("rapidocr", 2, False)
 
 
-def test_zh_pptx_text_box_table_and_picture_ocr(fixtures: Path, rapidocr: OcrEngine) -> None:
-    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.pptx", rapidocr)
+def test_zh_pptx_text_box_table_and_picture_ocr(samples: Path, rapidocr: OcrEngine) -> None:
+    parsed = parse(samples / "zh.pptx", rapidocr)
     assert parsed.format == "pptx"
-    assert [segment.slide for segment in parsed.segments] == [1]
-    text = parsed.segments[0].text
-    assert "我是文字" in text
-    assert table_rows(text)[:2] == ["| 我是表格1 | 我是表格5 |", "| --- | --- |"]
-    assert "| 我是表格3 | 我是表格4 |" in table_rows(text)
-    assert "横向文本框" in text and "竖向文本框" in text
+    assert [segment.slide for segment in parsed.segments] == [1, 2]
+    first, second = (segment.text for segment in parsed.segments)
+    assert first.startswith(BODY)
+    assert table_rows(first) == ["| 我是表格1 | 我是表格2 |", "| --- | --- |", "| 我是表格3 | 我是表格4 |"]
+    assert all(line in first for line in PICTURE_LINES)
+    assert second == "第二张幻灯片：评分办法"
     assert parsed.ocr_images == 1 and parsed.ocr_engine == "rapidocr"
 
 
@@ -271,7 +275,7 @@ def test_image_files_png_and_jpg(tmp_path: Path, ocr_image: bytes, rapidocr: Ocr
     png = write(tmp_path, "扫描件.png", buffer.getvalue())
     parsed = parse(png, rapidocr)
     assert parsed.format == "png" and parsed.ocr_images == 1
-    assert parsed.segments[0].text.splitlines() == ["横向文本框", "竖向文本框", "English text"]
+    assert parsed.segments[0].text.splitlines() == list(PICTURE_LINES)
 
     jpg = parse(write(tmp_path, "photo.jpeg", ocr_image), rapidocr)
     assert jpg.format == "jpg" and "横向文本框" in jpg.markdown
@@ -299,55 +303,51 @@ def test_scanned_pdf_page_is_rendered_and_ocred(tmp_path: Path, ocr_image: bytes
 # ---------------------------------------------------------------- tesseract
 
 
-def test_tesseract_engine_on_image_and_pdf(fixtures: Path, ocr_image: bytes, tesseract: OcrEngine) -> None:
+def test_tesseract_engine_on_image_and_pdf(samples: Path, ocr_image: bytes, tesseract: OcrEngine) -> None:
     text = tesseract.recognize(ocr_image)
     assert "横向文本框" in text and "English text" in text
     # 汉字之间不应残留 tesseract 的分词空格
     assert "横 向" not in text
 
-    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.pdf", tesseract)
-    assert parsed.ocr_engine == "tesseract" and parsed.ocr_images == 1
-    assert parsed.segments[0].text.startswith("我是文字")
-    assert "横向文本框" in parsed.markdown
+    parsed = parse(samples / "zh.pdf", tesseract)
+    assert parsed.ocr_engine == "tesseract" and parsed.ocr_images == 2
+    assert parsed.segments[0].text.startswith(BODY)
+    assert "图片里的中文" in parsed.segments[0].text and "投标人资格要求" in parsed.segments[1].text
 
 
 # ---------------------------------------------------------------- 没有 OCR 引擎 / 假引擎
 
 
-def test_without_ocr_images_are_skipped_but_text_is_kept(fixtures: Path) -> None:
-    docx = parse(fixtures / "zh" / "chatchat_ocr_test.docx", None)
+def test_without_ocr_images_are_skipped_but_text_is_kept(samples: Path) -> None:
+    docx = parse(samples / "zh.docx", None)
     assert (docx.ocr_engine, docx.ocr_images, docx.ocr_skipped) == (None, 0, True)
-    assert "我是文字" in docx.markdown and "| 我是表格1 | 我是表格2 |" in docx.markdown
+    assert BODY in docx.markdown and "| 我是表格1 | 我是表格2 |" in docx.markdown
     assert "横向文本框" not in docx.markdown
 
-    pdf = parse(fixtures / "zh" / "chatchat_ocr_test.pdf", None)
-    assert pdf.ocr_skipped and pdf.segments == (Segment("我是文字", page=1),)
+    # 只有扫描图的第 2 页没有任何文字可留
+    pdf = parse(samples / "zh.pdf", None)
+    assert pdf.ocr_skipped and [segment.page for segment in pdf.segments] == [1]
+    assert pdf.segments[0].text.startswith(BODY) and "横向文本框" not in pdf.markdown
 
-    pptx = parse(fixtures / "zh" / "chatchat_ocr_test.pptx", None)
-    assert pptx.ocr_skipped and pptx.segments[0].slide == 1 and "我是表格5" in pptx.markdown
+    pptx = parse(samples / "zh.pptx", None)
+    assert pptx.ocr_skipped and [segment.slide for segment in pptx.segments] == [1, 2]
+    assert "我是表格4" in pptx.markdown
 
     # 纯文字文档没有图片内容，不算跳过
-    assert not parse(fixtures / "en" / "markitdown_test.xlsx", None).ocr_skipped
+    assert not parse(samples / "zh.xlsx", None).ocr_skipped
+
+
+def test_pptx_picture_text_lands_in_its_own_slide(samples: Path) -> None:
+    fake = FakeOcr("图片里的字")
+    parsed = parse(samples / "zh.pptx", fake)
+    assert [segment.slide for segment in parsed.segments if "图片里的字" in segment.text] == [1]
+    assert parsed.ocr_engine == "fake" and parsed.ocr_images == len(fake.images) == 1
 
 
 def test_image_file_without_ocr_is_a_permanent_error(tmp_path: Path, ocr_image: bytes) -> None:
     with pytest.raises(ParseError, match="no OCR engine is available") as excinfo:
         parse(write(tmp_path, "a.jpg", ocr_image), None)
     assert excinfo.value.permanent
-
-
-def test_pptx_picture_text_lands_in_its_own_slide(fixtures: Path) -> None:
-    fake = FakeOcr("图片里的字")
-    parsed = parse(fixtures / "en" / "markitdown_test.pptx", fake)
-    assert [segment.slide for segment in parsed.segments] == [1, 2, 3, 4, 5, 6]
-    with_picture = [segment.slide for segment in parsed.segments if "图片里的字" in segment.text]
-    assert with_picture == [2, 6]
-    assert parsed.ocr_engine == "fake" and parsed.ocr_images == len(fake.images) == 2
-    slides = {segment.slide: segment.text for segment in parsed.segments}
-    assert slides[1].startswith("# AutoGen: Enabling Next-Gen LLM Applications")
-    assert "| 7 | 8 | 9 | 1b92870d-e3b5-4e65-8153-919f4ff45592 | 11 | 12 |" in slides[3]
-    assert "### Chart: a3f6004b-6f4f-4ea8-bee3-3741f4dc385f" in slides[4]
-    assert "This is a nested shape with content in 2 shapes" in slides[5]
 
 
 def test_small_and_blank_images_are_not_ocred(tmp_path: Path) -> None:
@@ -362,9 +362,9 @@ def test_small_and_blank_images_are_not_ocred(tmp_path: Path) -> None:
     assert len(fake.images) == 1
 
 
-def test_ocr_engine_failure_degrades_gracefully(fixtures: Path, tmp_path: Path, ocr_image: bytes) -> None:
-    parsed = parse(fixtures / "zh" / "chatchat_ocr_test.docx", BrokenOcr())
-    assert "我是文字" in parsed.markdown and parsed.ocr_images == 0
+def test_ocr_engine_failure_degrades_gracefully(samples: Path, tmp_path: Path, ocr_image: bytes) -> None:
+    parsed = parse(samples / "zh.docx", BrokenOcr())
+    assert BODY in parsed.markdown and parsed.ocr_images == 0
     with pytest.raises(ParseError, match="OCR failed") as excinfo:
         parse(write(tmp_path, "a.jpg", ocr_image), BrokenOcr())
     assert excinfo.value.permanent is False
@@ -414,64 +414,41 @@ def test_xlsx_embedded_image_and_empty_sheet(tmp_path: Path, ocr_image: bytes) -
     assert parsed.ocr_images == len(fake.images) == 1
 
 
-# ---------------------------------------------------------------- 英文样例
+# ---------------------------------------------------------------- 工作表、网页、电子书
 
 
-def test_en_docx_headings_and_table(fixtures: Path) -> None:
-    parsed = parse(fixtures / "en" / "markitdown_test.docx", None)
-    text = parsed.markdown
-    assert text.startswith("AutoGen: Enabling Next-Gen LLM Applications via Multi-Agent Conversation")
-    assert "# Abstract" in text.splitlines() and "# Introduction" in text.splitlines()
-    assert "## d666f1f7-46cb-42bd-9a39-9a39cf2a509f" in text
-    assert "| 13 | 14 | 49e168b7-d2ae-407f-a055-2167576f39a1 | 15 | 16 | 17 |" in table_rows(text)
-    assert "314b0a30-5b04-470b-b9f7-eed2c2bec74a" in text
-    # 文档里有一张截图：没有 OCR 引擎 → 记为跳过
-    assert parsed.ocr_skipped and "base64" not in text
+def test_spreadsheet_one_segment_per_sheet(samples: Path) -> None:
+    parsed = parse(samples / "zh.xlsx", None)
+    assert parsed.format == "xlsx"
+    assert [segment.sheet for segment in parsed.segments] == ["报价", "说明"]  # 空表不成段
+    prices, notes = (segment.text for segment in parsed.segments)
+    assert prices.startswith("## 报价\n\n| 项目 | 金额 |")
+    assert table_rows(prices)[2:] == ["| 服务器 | 120000 |", "| 运维服务 | 36000 |"]
+    assert "报价含税，有效期九十天" in notes and "服务器" not in notes
 
 
-# pandas 提示 xlrd 引擎将来会移除：XLS 目前只能走它（markitdown 的实现），提示本身不影响结果
-@pytest.mark.filterwarnings("ignore:The xlrd engine is deprecated")
-@pytest.mark.parametrize("name", ["markitdown_test.xlsx", "markitdown_test.xls"])
-def test_spreadsheet_one_segment_per_sheet(fixtures: Path, name: str) -> None:
-    parsed = parse(fixtures / "en" / name, None)
-    assert parsed.format == name.rsplit(".", 1)[1]
-    assert [segment.sheet for segment in parsed.segments] == ["Sheet1", "09060124-b5e7-4717-9d07-3c046eb"]
-    first, second = (segment.text for segment in parsed.segments)
-    assert first.startswith("## Sheet1\n\n| Alpha | Beta | Gamma | Delta |")
-    assert "| 58 | 6ff4173b-42a5-4784-9b19-f49caff4d93d | 22 | 9 |" in table_rows(first)
-    assert len(table_rows(first)) == 2 + 23
-    assert "| 13 | 14 | 15 | affc7dad-52dc-4b98-9b5d-51e65d8a8ad0 |" in table_rows(second)
-    assert "affc7dad" not in first and "NaN" not in parsed.markdown
-
-
-def test_en_pdf_text_on_page_one(fixtures: Path) -> None:
-    parsed = parse(fixtures / "en" / "markitdown_test.pdf", FakeOcr())
-    assert [segment.page for segment in parsed.segments] == [1]
-    text = parsed.segments[0].text
-    assert "Large language models (LLMs) are becoming a crucial building block" in text
-    assert "multi-agent conversations" in text
-    # 纯文字 PDF 不触发 OCR
-    assert (parsed.ocr_engine, parsed.ocr_images, parsed.ocr_skipped) == (None, 0, False)
-
-
-def test_zh_html_headings_and_table(fixtures: Path) -> None:
-    parsed = parse(fixtures / "zh" / "ragflow_html.sample.zh.html", None)
-    assert parsed.format == "html"
-    lines = parsed.markdown.splitlines()
+def assert_product_guide(markdown: str) -> None:
+    """“产品指南”网页（生成的与 ragflow 的真实样例内容相同）转出的 Markdown：标题层级、段落与表格。"""
+    lines = markdown.splitlines()
     assert lines[0] == "# 产品指南"
     assert "## 使用条款" in lines
-    assert table_rows(parsed.markdown) == ["| 姓名 | 年龄 |", "| --- | --- |", "| 张三 | 30 |", "| 李四 | 25 |"]
+    assert table_rows(markdown) == ["| 姓名 | 年龄 |", "| --- | --- |", "| 张三 | 30 |", "| 李四 | 25 |"]
     assert "欢迎使用我们的智能助手，它能帮你快速完成任务。" in lines
 
 
-def test_wikipedia_html_keeps_article_and_drops_navigation(fixtures: Path) -> None:
-    text = parse(fixtures / "en" / "markitdown_test_wikipedia.html", None).markdown
-    assert text.startswith("# Microsoft")
-    assert "## History" in text.splitlines() and "### 1972\u20131985: Founding" in text.splitlines()
-    assert "**Microsoft Corporation** is an American [multinational corporation]" in text
-    # 154 种语言的跳转列表、脚本都不应进入正文
-    assert "Afrikaans" not in text and "function(" not in text and "RLQ=window.RLQ" not in text
+def test_zh_html_headings_and_table(samples: Path) -> None:
+    parsed = parse(samples / "zh.html", None)
+    assert parsed.format == "html"
+    assert_product_guide(parsed.markdown)
 
+
+def test_epub_title_author_and_chapter(samples: Path) -> None:
+    path = samples / "zh.epub"
+    assert detect_format(path.read_bytes()[:8192], "book.epub") == "epub"
+    parsed = parse(path)
+    assert parsed.format == "epub"
+    for expected in ("政务云采购手册", "测试作者", "# 第一章 采购需求", "采购内容为政务云服务。"):
+        assert expected in parsed.markdown
 
 # ---------------------------------------------------------------- 编码
 
@@ -518,40 +495,25 @@ def test_html_in_gbk_with_and_without_meta_charset(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 格式识别（扩展名 + 内容）
 
 
-def test_detect_format_by_extension_and_content(fixtures: Path) -> None:
-    def head(relative: str) -> bytes:
-        return (fixtures / relative).read_bytes()[:8192]
+def test_detect_format_by_extension_and_content(samples: Path) -> None:
+    def head(name: str) -> bytes:
+        return (samples / name).read_bytes()[:8192]
 
-    assert detect_format(head("zh/chatchat_ocr_test.docx"), "a.DOCX") == "docx"
-    assert detect_format(head("zh/chatchat_ocr_test.pdf"), "a.pdf") == "pdf"
-    assert detect_format(head("en/markitdown_test.pptx"), "a.pptx") == "pptx"
-    assert detect_format(head("en/markitdown_test.xlsx"), "a.xlsx") == "xlsx"
-    assert detect_format(head("en/markitdown_test.xls"), "a.xls") == "xls"
-    assert detect_format(head("zh/ragflow_html.sample.zh.html"), "a.htm") == "html"
+    assert detect_format(head("zh.docx"), "a.DOCX") == "docx"
+    assert detect_format(head("zh.pdf"), "a.pdf") == "pdf"
+    assert detect_format(head("zh.pptx"), "a.pptx") == "pptx"
+    assert detect_format(head("zh.xlsx"), "a.xlsx") == "xlsx"
+    assert detect_format(fake_ole("Workbook"), "a.xls") == "xls"
+    assert detect_format(head("zh.html"), "a.htm") == "html"
     assert detect_format("# 标题".encode(), "a.markdown") == "markdown"
     # 同一家族内按内容纠正：.xls 里其实是 xlsx 或网页导出的 HTML
-    assert detect_format(head("en/markitdown_test.xlsx"), "export.xls") == "xlsx"
+    assert detect_format(head("zh.xlsx"), "export.xls") == "xlsx"
     assert detect_format(b"<html><body><table><tr><td>1</td></tr></table></body></html>", "export.xls") == "html"
     # 空文件按扩展名放行，解析时再报“文件为空”
     assert detect_format(b"", "empty.pdf") == "pdf"
 
 
-@pytest.mark.parametrize(("relative", "fmt", "expected"), [
-    ("en/markitdown_test.epub", "epub", ["Test EPUB Document", "Test Author"]),
-    ("en/markitdown_test_outlook_msg.msg", "msg", ["Test Email Message", "test.sender@example.com",
-                                                   "This is the body of the test email message"]),
-])
-def test_epub_and_outlook_fixtures(fixtures: Path, relative: str, fmt: str, expected: list[str]) -> None:
-    """EPUB 与 .msg：按内容识别，正文与元数据都在。"""
-    path = fixtures / relative
-    assert detect_format(path.read_bytes()[:8192], path.name) == fmt
-    parsed = parse(path)
-    assert parsed.format == fmt
-    for text in expected:
-        assert text in parsed.markdown
-
-
-def test_renamed_binaries_are_rejected(tmp_path: Path, fixtures: Path) -> None:
+def test_renamed_binaries_are_rejected(tmp_path: Path, samples: Path) -> None:
     png = png_bytes((64, 64))
     zipped = io.BytesIO()
     with zipfile.ZipFile(zipped, "w") as archive:
@@ -562,8 +524,8 @@ def test_renamed_binaries_are_rejected(tmp_path: Path, fixtures: Path) -> None:
         (bytes(range(256)) * 16, "x.pdf", "binary data"),
         (png, "x.pdf", "PNG image"),
         (zipped.getvalue(), "x.docx", "ZIP archive"),
-        ((fixtures / "en" / "markitdown_test.xlsx").read_bytes(), "report.docx", "Excel workbook"),
-        ((fixtures / "zh" / "chatchat_ocr_test.pdf").read_bytes(), "scan.png", "PDF document"),
+        ((samples / "zh.xlsx").read_bytes(), "report.docx", "Excel workbook"),
+        ((samples / "zh.pdf").read_bytes(), "scan.png", "PDF document"),
         (fake_ole("WordDocument"), "old.docx", "legacy Word 97-2003 document"),
         (b"MZ\x90\x00" + b"\x00" * 60 + b"This program cannot be run in DOS mode", "setup.txt", "Windows executable"),
     ]
@@ -604,19 +566,19 @@ def test_encrypted_office_document(tmp_path: Path) -> None:
         assert excinfo.value.permanent and not isinstance(excinfo.value, UnsupportedFormatError)
 
 
-def test_truncated_docx_is_damaged(tmp_path: Path, fixtures: Path) -> None:
-    data = (fixtures / "zh" / "chatchat_ocr_test.docx").read_bytes()
+def test_truncated_docx_is_damaged(tmp_path: Path, samples: Path) -> None:
+    data = (samples / "zh.docx").read_bytes()
     path = write(tmp_path, "cut.docx", data[: len(data) // 2])
     with pytest.raises(ParseError, match="damaged") as excinfo:
         parse(path)
     assert excinfo.value.permanent and not isinstance(excinfo.value, UnsupportedFormatError)
 
 
-def test_corrupt_pdf_and_xlsx(tmp_path: Path, fixtures: Path) -> None:
+def test_corrupt_pdf_and_xlsx(tmp_path: Path, samples: Path) -> None:
     with pytest.raises(ParseError) as excinfo:
         parse(write(tmp_path, "bad.pdf", b"%PDF-1.7\n" + bytes(range(256)) * 8))
     assert excinfo.value.permanent
-    data = (fixtures / "en" / "markitdown_test.xlsx").read_bytes()
+    data = (samples / "zh.xlsx").read_bytes()
     with pytest.raises(ParseError, match="damaged"):
         parse(write(tmp_path, "cut.xlsx", data[:3000]))
 

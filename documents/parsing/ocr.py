@@ -78,7 +78,8 @@ class RapidOcrEngine:
         names = [path.name for path in models.glob("*.onnx") if path.stat().st_size > 0]
         return any("det" in name for name in names) and any("rec" in name for name in names)
 
-    def _engine(self) -> Any:
+    def load(self) -> Any:
+        """加载（只加载一次）并返回 RapidOCR 实例；worker 启动时先调用，免得第一个文档替所有人等。"""
         if self._ocr is None:
             with self._lock:
                 if self._ocr is None:
@@ -88,7 +89,7 @@ class RapidOcrEngine:
         return self._ocr
 
     def recognize(self, image: bytes) -> str:
-        result = self._engine()(load_image(image))
+        result = self.load()(load_image(image))
         texts = getattr(result, "txts", None) or ()
         return "\n".join(text.strip() for text in texts if text and text.strip())
 
@@ -183,3 +184,14 @@ def get_ocr_engine(choice: str) -> OcrEngine | None:
         logger.warning("ocr_engine_unavailable", requested=choice, available=ocr_available(),
                        hint="install rapidocr (pip) or tesseract-ocr + tesseract-ocr-chi-sim (apt)")
     return None
+
+
+def ocr_warm_up(choice: str) -> str | None:
+    """按配置取 OCR 引擎并预先加载其模型，返回引擎名；没有可用引擎返回 None。
+
+    tesseract 是外部程序，没有可预载的东西；rapidocr 的 onnx 模型加载要几秒，放在 worker 启动时做。
+    """
+    engine = get_ocr_engine(choice)
+    if isinstance(engine, RapidOcrEngine):
+        engine.load()
+    return engine.name if engine is not None else None

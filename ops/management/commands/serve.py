@@ -1,6 +1,6 @@
 """manage.py serve：一条命令跑起整个服务（gunicorn web + django-q2 worker）。
 
-启动前完成迁移、缓存表与静态文件；两个子进程共享一个 Prometheus 多进程目录，
+启动前完成迁移（含 worker 心跳用的缓存表）与静态文件；两个子进程共享一个 Prometheus 多进程目录，
 任一子进程意外退出则整体退出（交给外层的进程管理器重启），SIGINT/SIGTERM 时优雅停止。
 """
 
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="只启动 web，不启动 django-q2 worker")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self.stdout.write("准备数据库（迁移、缓存表）与静态文件……")
+        self.stdout.write("准备数据库（迁移）与静态文件……")
         call_command("migrate", interactive=False, verbosity=0)
-        call_command("createcachetable", verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
 
         env = self._child_env()
@@ -44,8 +44,8 @@ class Command(BaseCommand):
             children["worker"] = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
                 [sys.executable, str(BASE_DIR / "manage.py"), "qcluster"], env=env, cwd=BASE_DIR
             )
-        self._banner(options["host"], options["port"])
-        self._supervise(children)
+        base = self._banner(options["host"], options["port"])
+        self._supervise(children, f"{base}/ready")
 
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -80,7 +80,7 @@ class Command(BaseCommand):
             cwd=BASE_DIR,
         )
 
-    def _banner(self, host: str, port: int) -> None:
+    def _banner(self, host: str, port: int) -> str:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - 仅用于展示
         base = f"http://{shown}:{port}"
         lines = [
@@ -95,9 +95,11 @@ class Command(BaseCommand):
             lines.append(f"  管理员账号：{manage} createsuperuser")
         else:
             lines.append("  注意：RAG_AUTH_ENABLED=false，API 不校验 key（仅限本地开发）")
+        lines.append("worker 正在加载 embedding 模型与 OCR 引擎；加载完成后 /ready 变为 200，这里会再打印一行。")
         lines.append("按 Ctrl+C 停止。")
         self.stdout.write("\n".join(lines))
         self.stdout.flush()
+        return base
 
     @staticmethod
     def _python() -> str:
@@ -107,8 +109,10 @@ class Command(BaseCommand):
         except ValueError:
             return sys.executable
 
-    def _supervise(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
+    def _supervise(self, children: dict[str, subprocess.Popen[bytes]], ready_url: str) -> None:
         stopping = False
+        started = time.monotonic()
+        announced = False
 
         def request_stop(signum: int, frame: Any) -> None:
             nonlocal stopping
@@ -123,6 +127,11 @@ class Command(BaseCommand):
                 self.stderr.write(f"子进程意外退出：{dead}，停止服务")
                 exit_code = 1
                 break
+            if not announced and _is_ready(ready_url):
+                announced = True
+                self.stdout.write(f"ragservice 已就绪（启动后 {time.monotonic() - started:.0f} 秒）："
+                                  "模型已加载，可以上传文档与检索。")
+                self.stdout.flush()
             time.sleep(0.5)
         for proc in children.values():
             if proc.poll() is None:
@@ -135,3 +144,12 @@ class Command(BaseCommand):
                 proc.kill()
         if exit_code:
             sys.exit(exit_code)
+
+
+def _is_ready(url: str) -> bool:
+    """向自己的 /ready 问一次；连不上（web 还在启动）或 503 都算未就绪。"""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - 本机地址，由本程序构造
+            return bool(response.status == 200)
+    except (OSError, ValueError):
+        return False
