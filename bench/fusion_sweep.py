@@ -1,5 +1,6 @@
 """融合参数的离线扫描：对一个已摄取的评测知识库，每个问题只跑一次两路召回（深度 100），
-再在内存里对 RRF 的 k、两路权重、每路深度与覆盖率闸门做网格搜索，报告 nDCG@10 / Recall@10 / hit@5。
+再在内存里对每路深度、全文权重（固定部分 + 随最佳匹配程度增加的部分）
+与覆盖率闸门做网格搜索，报告 nDCG@10 / Recall@10 / hit@5。
 
     .venv/bin/python bench/fusion_sweep.py ../shared/data/toyhom_meddialog --kb eval-toyhom-… [--level passage]
 
@@ -33,6 +34,7 @@ from search.fulltext import parse_query  # noqa: E402
 from search.fusion import lexical_gate, rrf_fuse  # noqa: E402
 from search.query_embeddings import embed_query  # noqa: E402
 from search.retrieval import SearchFilters, fulltext_search, load_chunks, vector_search  # noqa: E402
+from search.scoring import match_ratio  # noqa: E402
 
 DEPTH = 100
 
@@ -52,15 +54,16 @@ def main() -> None:
             vector, _ = embed_query(kb.embedding_provider, kb.embedding_model, query.text)
             v_hits, _ = vector_search(kb, vector, SearchFilters(), DEPTH)
             found = fulltext_search(kb, parse_query(query.text), SearchFilters(), DEPTH)
-            runs.append((query, [h.chunk_id for h in v_hits], [h.chunk_id for h in found.hits], found.coverage))
-    ids = {c for _, v, t, _ in runs for c in (*v, *t)}
+            top = match_ratio(found.hits[0].value, found.scale) if found.hits else 0.0
+            runs.append((query, [h.chunk_id for h in v_hits], [h.chunk_id for h in found.hits], found.coverage, top))
+    ids = {c for _, v, t, _, _ in runs for c in (*v, *t)}
     chunks = load_chunks(sorted(ids))
     unit = {c: str(row.metadata.get("eval_id", "")) for c, row in chunks.items()}
     text = {c: row.text for c, row in chunks.items()}
 
     def score(rankings: list[tuple[object, list[int]]]) -> tuple[float, float, float]:
         ndcg = rec = hit = 0.0
-        for (query, _, _, _), ranked_chunks in rankings:
+        for (query, *_), ranked_chunks in rankings:
             ranked = dedupe(unit[c] for c in ranked_chunks)
             qrels = dataset.qrels[query.id]
             ndcg += ndcg_at_k(ranked, qrels, 10)
@@ -71,15 +74,16 @@ def main() -> None:
 
     print("vector   ", "{:.4f} {:.4f} {:.4f}".format(*score([(r, r[1]) for r in runs])))
     print("fulltext ", "{:.4f} {:.4f} {:.4f}".format(*score([(r, r[2]) for r in runs])))
-    grid = itertools.product((20, 60), (15, 50, 100), (0.5, 0.7, 1.0, 1.5), ((0.0, 0.0), (0.3, 0.6), (0.4, 0.8)))
-    for k, depth, w_text, (floor, full) in grid:
+    # 全文权重 = (base + slope·最佳匹配程度) 乘以覆盖率闸门；slope=0 即固定权重
+    grid = itertools.product((60,), (50, 100), (0.5, 0.7, 1.0), (0.0, 1.0, 2.0), ((0.0, 0.0), (0.3, 0.6)))
+    for k, depth, base, slope, (floor, full) in grid:
         fused = []
         for run in runs:
             gate = lexical_gate(run[3], floor, full) if full > 0 else 1.0
             ranking = rrf_fuse({"vector": run[1][:depth], "fulltext": run[2][:depth]}, k=k,
-                               weights={"vector": 1.0, "fulltext": w_text * gate})
+                               weights={"vector": 1.0, "fulltext": (base + slope * run[4]) * gate})
             fused.append((run, [f.key for f in ranking][:DEPTH]))
-        print(f"k={k:<3} depth={depth:<3} w_text={w_text:<4} gate=({floor},{full})",
+        print(f"k={k:<3} depth={depth:<3} base={base:<4} slope={slope:<4} gate=({floor},{full})",
               "{:.4f} {:.4f} {:.4f}".format(*score(fused)))
 
 

@@ -167,11 +167,16 @@ def path_depth(top_k: int) -> int:
     return max(candidate_count(top_k), min(settings.FUSION_DEPTH, settings.MAX_RERANK_CANDIDATES))
 
 
-def fusion_weights(coverage: float | None) -> dict[str, float]:
-    """两路的 RRF 权重：全文一路再乘以按查询覆盖率算的闸门（见 :func:`search.fusion.lexical_gate`）。"""
-    gate = 1.0 if coverage is None else lexical_gate(coverage, settings.FUSION_COVERAGE_FLOOR,
-                                                     settings.FUSION_COVERAGE_FULL)
-    return {"vector": settings.FUSION_VECTOR_WEIGHT, "fulltext": settings.FUSION_FULLTEXT_WEIGHT * gate}
+def fusion_weights(text: _PathResult | None) -> dict[str, float]:
+    """两路的 RRF 权重。全文一路 = (RAG_FUSION_FULLTEXT_WEIGHT + RAG_FUSION_FULLTEXT_MATCH_BOOST * 最佳匹配程度)
+    再乘覆盖率闸门：问题与某个分块字面上高度重合（最佳匹配程度高）时全文一路更可信；查询的词在库里大多没出现时
+    （另一种语言的问题）闸门把它关掉。"""
+    weight = settings.FUSION_FULLTEXT_WEIGHT
+    if text is not None and text.coverage is not None:
+        best = match_ratio(text.hits[0].value, text.scale) if text.hits else 0.0
+        weight = (weight + settings.FUSION_FULLTEXT_MATCH_BOOST * best) * lexical_gate(
+            text.coverage, settings.FUSION_COVERAGE_FLOOR, settings.FUSION_COVERAGE_FULL)
+    return {"vector": settings.FUSION_VECTOR_WEIGHT, "fulltext": weight}
 
 
 def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
@@ -228,7 +233,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
 
     with clock.stage("fuse"):
         if len(paths) > 1:
-            outcome.fusion_weights = fusion_weights(text_result.coverage if text_result else None)
+            outcome.fusion_weights = fusion_weights(text_result)
         fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
                          k=settings.RRF_K, weights=outcome.fusion_weights or None)[:limit]
         values = {name: {hit.chunk_id: hit.value for hit in result.hits} for name, result in paths.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class Command(BaseCommand):
                                    queries=options["queries"], qrels=options["qrels"], limit=options["limit"])
         except DatasetError as exc:
             raise CommandError(str(exc)) from exc
-        query_sets = self._query_sets(options["query_set"], dataset.qrels)
+        query_sets = self._query_sets(options["query_set"], dataset.queries)
         previous = self._previous(options["compare"])
         kb = self._reused(options["reuse_kb"])
         config = EvaluationConfig(chunking=options["chunking"], embedding_provider=options["embedding_provider"],
@@ -103,15 +104,18 @@ class Command(BaseCommand):
                                                                    "（知识库已删除）"))
 
     @staticmethod
-    def _query_sets(specs: Sequence[str], qrels: dict[str, dict[str, int]]) -> dict[str, list[Query]]:
+    def _query_sets(specs: Sequence[str], main: Sequence[Query]) -> dict[str, list[Query]]:
         """``NAME=FILE`` → 该文件里有 qrels 的问题（按 id 排序）；名称重复或文件不对时报错。"""
         sets: dict[str, list[Query]] = {}
+        answers = {q.id: q.answers for q in main}
         for spec in specs:
             name, sep, path = spec.partition("=")
             if not sep or not name.strip() or not path or name in sets:
                 raise CommandError(f"--query-set expects a unique NAME=QUERIES.jsonl, got {spec!r}")
             try:
-                queries = sorted((q for q in read_queries(Path(path)) if q.id in qrels), key=lambda q: q.id)
+                # 只取问题文本：标准答案是知识库里的原文，沿用主问题集的（换了语言的问题，答案字符串不变）
+                queries = sorted((replace(q, answers=answers[q.id]) for q in read_queries(Path(path))
+                                  if q.id in answers), key=lambda q: q.id)
             except DatasetError as exc:
                 raise CommandError(str(exc)) from exc
             if not queries:
