@@ -219,9 +219,10 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
         " tf AS ("
         "  SELECT p.chunk_id, q.term, max(q.weight) AS weight,"
         "         sum(%s * p.title_tf + p.body_tf) AS tf, max(p.length) AS len"
-        # LATERAL：每个查询词一次主键范围扫描，不依赖统计信息是否新鲜（大批写入后未 ANALYZE 时规划器会误判）
+        # 每个查询词一次主键范围扫描。OFFSET 0 阻止规划器把 LATERAL 子查询展平：展平后范围条件的选择度估不准，
+        # 会退化成整库顺序扫描 + 连接过滤（实测 1.2 s 对 5 ms）
         "  FROM q CROSS JOIN LATERAL (SELECT chunk_id, title_tf, body_tf, length FROM fulltext_postings"
-        "   WHERE knowledge_base_id = %s AND lexeme >= q.low AND lexeme <= q.high) p"
+        "   WHERE knowledge_base_id = %s AND lexeme >= q.low AND lexeme <= q.high OFFSET 0) p"
         "  GROUP BY p.chunk_id, q.term),"
         " s AS (SELECT chunk_id, sum(weight * tf / (tf + %s * (1 - %s + %s * len / %s))) AS score"
         "       FROM tf GROUP BY chunk_id)"
