@@ -47,6 +47,8 @@ def test_start_status_stop_round_trip(tmp_path: Path) -> None:
         assert "端口：5432（只监听 Unix socket" in status and f"数据目录：{data_dir / 'pgdata'}" in status
         # 已在运行时再 start 只是复用
         assert manage(data_dir, "embeddeddb", "start") == status
+        # dbshell 不经过普通连接：同样先解析内嵌服务器的地址
+        assert manage(data_dir, "dbshell", "--", "-At", "-c", "select 41 + 1").strip() == "42"
         assert manage(data_dir, "embeddeddb", "stop").strip() == f"已停止（数据目录 {data_dir / 'pgdata'}）"
         assert manage(data_dir, "embeddeddb", "status").splitlines()[0] == "内嵌 PostgreSQL：已停止"
         assert manage(data_dir, "embeddeddb", "stop").startswith("内嵌 PostgreSQL 未在运行，无需停止")

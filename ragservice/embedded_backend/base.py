@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from django.db.backends.postgresql.client import DatabaseClient as PostgresDatabaseClient
 from django_prometheus.db.backends.postgresql.base import DatabaseWrapper as PrometheusDatabaseWrapper
 
 from ragservice.config import database_from_url
@@ -34,10 +36,24 @@ def resolve_address(data_dir: str) -> dict[str, Any]:
         return _resolved[data_dir]
 
 
+def _resolve(settings_dict: dict[str, Any]) -> None:
+    if not settings_dict.get("HOST"):
+        settings_dict.update(resolve_address(settings_dict[DATA_DIR_KEY]))
+
+
+class DatabaseClient(PostgresDatabaseClient):
+    """``manage.py dbshell`` 不经过 get_connection_params：先解析内嵌服务器的地址，再交给 psql。"""
+
+    def runshell(self, parameters: Iterable[str]) -> None:
+        _resolve(self.connection.settings_dict)
+        super().runshell(parameters)
+
+
 class DatabaseWrapper(PrometheusDatabaseWrapper):
     """与 django_prometheus 的 PostgreSQL 后端相同，只是连接参数在第一次连接时才解析。"""
 
+    client_class = DatabaseClient
+
     def get_connection_params(self) -> dict[str, Any]:
-        if not self.settings_dict.get("HOST"):
-            self.settings_dict.update(resolve_address(self.settings_dict[DATA_DIR_KEY]))
+        _resolve(self.settings_dict)
         return super().get_connection_params()  # type: ignore[no-any-return]
