@@ -212,6 +212,26 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
     terms = bm25.within_budget(bm25.score_terms(query.terms, dfs, n, params), settings.BM25_MAX_POSTINGS)
     if not terms:
         return []  # 没有一个查询词出现在这个知识库里
+    lows = [t.term.lexeme for t in terms]
+    # 精确词：low = high；前缀词：到该前缀下最大的码点为止
+    highs = [t.term.lexeme + ("\U0010ffff" if t.term.prefix else "") for t in terms]
+    scoring_args: list[Any] = [list(range(len(terms))), lows, highs, [t.weight for t in terms],
+                               params.title_weight, kb.id, params.k1, params.b, params.b, max(avgdl, 1e-9)]
+    # 先只拿分数最高的一批回表检查范围（状态、过滤条件）：长问题会命中上千个分块，逐个回表占全文一路一半的时间。
+    # 范围内的结果不够 limit 且确实有分块被这一批截掉时，再对全部候选做一次——结果与一次做完全相同
+    shortlist = max(limit * 4, _BM25_SHORTLIST)
+    rows = _bm25_rows(kb, query, filters, scoring_args, limit, shortlist)
+    if len(rows) < limit and (not rows or rows[0][2] > shortlist):
+        rows = _bm25_rows(kb, query, filters, scoring_args, limit, None)
+    return [PathHit(int(chunk_id), float(value)) for chunk_id, value, _ in rows]
+
+
+_BM25_SHORTLIST = 400
+
+
+def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, scoring_args: list[Any],
+               limit: int, shortlist: int | None) -> list[tuple[Any, ...]]:
+    """(分块 id, BM25 分, 有分数的分块总数)，范围内按分数降序的前 ``limit`` 个；``shortlist`` 限定回表的候选数。"""
     scope, scope_params = _match_sql(kb, query, filters)
     must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
     sql = (
@@ -225,20 +245,16 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
         "   WHERE knowledge_base_id = %s AND lexeme >= q.low AND lexeme <= q.high OFFSET 0) p"
         "  GROUP BY p.chunk_id, q.term),"
         " s AS (SELECT chunk_id, sum(weight * tf / (tf + %s * (1 - %s + %s * len / %s))) AS score"
-        "       FROM tf GROUP BY chunk_id)"
-        " SELECT c.id, s.score FROM s JOIN document_chunks c ON c.id = s.chunk_id"
-        f" WHERE {scope}{must} ORDER BY s.score DESC, c.id LIMIT %s"
+        "       FROM tf GROUP BY chunk_id),"
+        f" top AS (SELECT chunk_id, score FROM s ORDER BY score DESC, chunk_id{' LIMIT %s' if shortlist else ''})"
+        " SELECT c.id, top.score, (SELECT count(*) FROM s) FROM top JOIN document_chunks c ON c.id = top.chunk_id"
+        f" WHERE {scope}{must} ORDER BY top.score DESC, c.id LIMIT %s"
     )
-    lows = [t.term.lexeme for t in terms]
-    # 精确词：low = high；前缀词：到该前缀下最大的码点为止
-    highs = [t.term.lexeme + ("\U0010ffff" if t.term.prefix else "") for t in terms]
-    args: list[Any] = [list(range(len(terms))), lows, highs, [t.weight for t in terms],
-                       params.title_weight, kb.id, params.k1, params.b, params.b, max(avgdl, 1e-9),
-                       *scope_params, *([query.tsquery] if must else []), limit]
+    args = [*scoring_args, *([shortlist] if shortlist else []), *scope_params,
+            *([query.tsquery] if must else []), limit]
     with connection.cursor() as cursor:
         cursor.execute(sql, args)
-        rows = cursor.fetchall()
-    return [PathHit(int(chunk_id), float(value)) for chunk_id, value in rows]
+        return list(cursor.fetchall())
 
 
 def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:

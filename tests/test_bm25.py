@@ -252,3 +252,21 @@ def test_hard_deleting_a_knowledge_base_removes_its_statistics(medical: Knowledg
         for table in ("fulltext_kb_stats", "fulltext_term_stats", "fulltext_postings"):
             cursor.execute(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [kb_id])
             assert cursor.fetchone()[0] == 0, table
+
+
+@pytest.mark.django_db
+def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: KnowledgeBase,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """先回表的只是分数最高的一批；过滤条件把它们全排除时，要对全部候选再做一次，结果不丢。"""
+    from search import retrieval
+
+    monkeypatch.setattr(retrieval, "_BM25_SHORTLIST", 1)
+    query = parse_query("高血压 饮食 肝功能 乙肝 复查")
+    everything = fulltext_search(medical, query, SearchFilters(), limit=50).hits
+    assert len(everything) > 4
+    last = DocumentChunk.objects.get(pk=everything[-1].chunk_id)
+    only_last = fulltext_search(medical, query, SearchFilters(document_ids=(str(last.document_id),)), limit=1).hits
+    assert [(h.chunk_id, round(h.value, 6)) for h in only_last] == [(last.id, round(everything[-1].value, 6))]
+    # 没有过滤时，先取一批的结果与全部打分的前几名相同
+    assert [h.chunk_id for h in fulltext_search(medical, query, SearchFilters(), limit=2).hits] == [
+        h.chunk_id for h in everything[:2]]
