@@ -15,6 +15,14 @@ from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail, not_foun
 DEFAULT_LIST_STATUSES = (KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED)
 
 
+def knowledge_base_by_name_or_id(value: str) -> KnowledgeBase | None:
+    """运维命令里的知识库参数：先按名称，再按 id；都找不到时为 None。"""
+    kb = KnowledgeBase.objects.filter(name=value).first()
+    if kb is None and (parsed := parse_uuid(value)) is not None:
+        kb = KnowledgeBase.objects.filter(pk=parsed).first()
+    return kb
+
+
 def parse_uuid(value: str | uuid.UUID) -> uuid.UUID | None:
     """路径里的 id 不是合法 UUID 时视为“不存在”，而不是校验错误。"""
     if isinstance(value, uuid.UUID):

@@ -31,7 +31,6 @@ from functools import lru_cache
 from typing import Any, Literal
 
 __all__ = [
-    "ANALYZERS",
     "MAX_POSITION",
     "ParsedQuery",
     "QueryTerm",
@@ -84,7 +83,6 @@ most other some only own same too very just
 
 
 Analyzer = Literal["bigram", "jieba", "jieba_bigram"]
-ANALYZERS: tuple[Analyzer, ...] = ("bigram", "jieba", "jieba_bigram")
 
 
 @dataclass(frozen=True, slots=True)

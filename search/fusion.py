@@ -59,16 +59,6 @@ def lexical_gate(coverage: float, floor: float, full: float) -> float:
     return (coverage - floor) / (full - floor)
 
 
-def rrf_unit_score(score: float, paths: int, k: int = 60) -> float:
-    """不重排时对外的 0~1 分数：RRF 分数除以“每路都排第 1”的理论最大值 ``paths/(k+1)``。
-
-    排序与 RRF 完全一致；1.0 表示每一路都把它排在第一。
-    """
-    if paths <= 0:
-        return 0.0
-    return min(1.0, max(0.0, score * (k + 1) / paths))
-
-
 def similarity_from_distance(distance: float) -> float:
     """余弦距离（0~2）→ 0~1 的相似度：``1 - distance`` 截断到 [0, 1]（负相关视为 0）。"""
     return min(1.0, max(0.0, 1.0 - distance))

@@ -18,7 +18,6 @@ from search.fusion import (
     context_window,
     order_by_scores,
     rrf_fuse,
-    rrf_unit_score,
     similarity_from_distance,
 )
 from search.retrieval import ChunkRow
@@ -117,19 +116,20 @@ def test_property_19_fallback_scores_are_valid(rrf_scores: list[float], paths: i
     """**Feature: v2-rag-migration, Property 19: Reranker Fallback Produces Valid Results**
 
     重排序不可用时：每个候选都有 0~1 的分数，且按融合分数降序的顺序保持不变。"""
+    from search.scoring import Calibration, hybrid_score, non_increasing
+
+    # 不重排时的分数：融合顺序上的校准分数取累计最小值（见 search.services._calibrated_scores）
+    calibration = Calibration.from_settings()
     fused = sorted(rrf_scores, reverse=True)
-    unit = [rrf_unit_score(score, paths) for score in fused]
+    evidence = [(1.0 - score * 61 / paths / 2, score * 61 / paths) for score in fused]
+    unit = non_increasing([hybrid_score(s, u, calibration) for s, u in evidence])
     assert all(0.0 <= u <= 1.0 for u in unit)
     assert all(a >= b for a, b in itertools.pairwise(unit))
     ordered = order_by_scores(list(range(len(unit))), unit)
     assert [index for index, _ in ordered] == list(range(len(unit)))
 
 
-def test_unit_scores_and_similarity() -> None:
-    assert rrf_unit_score(2 / 61, 2) == 1.0
-    assert math.isclose(rrf_unit_score(1 / 61, 2), 0.5)
-    assert rrf_unit_score(1 / 61, 1) == 1.0
-    assert rrf_unit_score(0.5, 0) == 0.0
+def test_similarity_from_distance() -> None:
     assert similarity_from_distance(0.0) == 1.0
     assert similarity_from_distance(1.5) == 0.0
     assert math.isclose(similarity_from_distance(0.25), 0.75)

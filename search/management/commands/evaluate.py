@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from documents.chunking import STRATEGY_DEFAULTS
 from knowledge.models import KnowledgeBase
-from knowledge.selectors import parse_uuid
+from knowledge.selectors import knowledge_base_by_name_or_id
 from search.evaluation.calibration import suggest
 from search.evaluation.dataset import DatasetError, Query, load_dataset, read_queries
 from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, compare_reports, run_evaluation
@@ -139,10 +139,7 @@ class Command(BaseCommand):
     def _reused(name_or_id: str | None) -> KnowledgeBase | None:
         if not name_or_id:
             return None
-        kb = KnowledgeBase.objects.filter(name=name_or_id).first()
-        if kb is None:
-            parsed = parse_uuid(name_or_id)
-            kb = KnowledgeBase.objects.filter(pk=parsed).first() if parsed else None
+        kb = knowledge_base_by_name_or_id(name_or_id)
         if kb is None or not kb.is_enabled:
             raise CommandError(f"knowledge base {name_or_id!r} does not exist or is not enabled")
         return kb

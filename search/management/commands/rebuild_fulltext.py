@@ -12,8 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from knowledge.models import KnowledgeBase
-from knowledge.selectors import parse_uuid
+from knowledge.selectors import knowledge_base_by_name_or_id
 from search.bm25 import rebuild_search_vectors
 
 
@@ -26,9 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         kb_id = None
         if options["kb"]:
-            kb = KnowledgeBase.objects.filter(name=options["kb"]).first()
-            parsed = parse_uuid(options["kb"])
-            kb = kb or (KnowledgeBase.objects.filter(pk=parsed).first() if parsed else None)
+            kb = knowledge_base_by_name_or_id(options["kb"])
             if kb is None:
                 raise CommandError(f"knowledge base {options['kb']!r} does not exist")
             kb_id = kb.id
