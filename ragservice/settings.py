@@ -284,8 +284,8 @@ BM25_B = env_float("RAG_BM25_B", 0.4, "BM25 的长度归一参数 b（0~1）", m
 BM25_TITLE_WEIGHT = env_float("RAG_BM25_TITLE_WEIGHT", 2.0,
                               "BM25F 式字段权重：文件名/标题/标题路径里出现一次折合正文的几次", minimum=0.01)
 BM25_MAX_POSTINGS = env_int(
-    "RAG_BM25_MAX_POSTINGS", 200000,
-    "BM25 一次最多读的倒排行数：查询词按 IDF 从高到低取，df 之和到此为止（舍掉的只是极常见的词），保证工作量有界",
+    "RAG_BM25_MAX_POSTINGS", 20000,
+    "BM25 一次最多读的倒排行数：稀有词整条读，常见词平分剩余额度、只读影响力最高的一段，保证工作量有界",
     minimum=1)
 EXACT_SEARCH_MAX_CHUNKS = env_int(
     "RAG_EXACT_SEARCH_MAX_CHUNKS", 20000,

@@ -11,8 +11,11 @@
   ``fulltext_kb_stats`` 与 ``fulltext_term_stats``。三张表都由触发器在让分块可见/消失的同一事务里维护
   （见迁移 ``search.0001``），永远与分块一致。
 
-工作量有界：查询词按 IDF 从高到低取，直到它们的 df 之和（要读的倒排行数）达到 ``RAG_BM25_MAX_POSTINGS``；
-被舍掉的只会是极常见的词（IDF 接近 0，对排序几乎没有贡献）。小于这个规模的知识库结果与全量打分完全相同。
+工作量有界：一个查询最多读 ``RAG_BM25_MAX_POSTINGS`` 行倒排，由 :func:`allot_postings` 分给各个查询词——稀有词整条
+读完，常见词平分剩下的额度。倒排表里同一词位的行按影响力（词频饱和项，见迁移 ``search.0002``）从高到低存放，
+常见词只读贡献最大的那一段：1M 分块的知识库里一个常见 bigram 有几十万行，读前几千行就够排出前几名，被截掉的
+行对分数的贡献既小（IDF 低）又是同一词里最小的。各词的 df 之和不超过额度时（小知识库、具体的问题）结果与
+全量打分完全相同。
 """
 
 from __future__ import annotations
@@ -47,6 +50,18 @@ class ScoredTerm:
     df: int
     idf: float
     weight: float
+
+
+@dataclass(frozen=True)
+class TermRead:
+    """一个查询词要读的倒排：影响力最高的 ``rows`` 行（等于 df 时整条读完）。"""
+
+    scored: ScoredTerm
+    rows: int
+
+    @property
+    def truncated(self) -> bool:
+        return self.rows < self.scored.df
 
 
 def idf(df: int, n: int) -> float:
@@ -94,16 +109,32 @@ def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: in
     return matched / total if total > 0 else 0.0
 
 
-def within_budget(terms: Sequence[ScoredTerm], budget: int) -> list[ScoredTerm]:
-    """按 IDF 从高到低保留查询词，直到 df 之和达到 ``budget``（至少一个）：倒排表要读的行数有界。"""
-    kept: list[ScoredTerm] = []
-    total = 0
+def allot_postings(terms: Sequence[ScoredTerm], budget: int) -> list[TermRead]:
+    """把 ``budget`` 行倒排分给按 IDF 从高到低排好的查询词（按 IDF 加权“注水”）：每个词至多分到剩余额度里
+    按它的 IDF 占剩余各词 IDF 之和的那一份，用不完的（df 更小）留给后面更常见的词。
+
+    按 IDF 加权是因为一行倒排对分数的贡献与 IDF 成正比：同样截断，IDF 越低的词丢掉的分数越少。
+    前缀词（孤立的单字）是一段词位范围，不能按影响力截断，只能整段读或不读；额度用完后剩下的词不读。
+    至少读一个词，只含常见词的查询也有结果。
+    """
+    reads: list[TermRead] = []
+    remaining = budget
+    weight_left = sum(term.idf for term in terms)
     for term in terms:
-        if kept and total + term.df > budget:
+        if remaining <= 0:
             break
-        kept.append(term)
-        total += term.df
-    return kept
+        share = max(int(remaining * term.idf / weight_left), 1) if weight_left > 0 else remaining
+        weight_left -= term.idf
+        if term.df <= share:
+            reads.append(TermRead(term, term.df))
+        elif not term.term.prefix:
+            reads.append(TermRead(term, share))
+        else:
+            continue  # 前缀词截不断，读不起就跳过
+        remaining -= reads[-1].rows
+    if not reads and terms:
+        reads.append(TermRead(terms[0], terms[0].df))  # 只有读不起的前缀词：仍读最稀有的那个，保证有结果
+    return reads
 
 
 # ---------------------------------------------------------------- 统计：读取、重算、核对
@@ -145,13 +176,16 @@ _RECOUNT_TERMS_SQL = f"""
 """
 
 
+# 与触发器（迁移 search.0002）写入的行一致：影响力由同一个 SQL 函数算出
 _RECOUNT_POSTINGS_SQL = f"""
-    SELECT %s::uuid, u.lexeme, c.id,
-           (SELECT count(*) FROM unnest(u.weights) w WHERE w = 'A'),
-           (SELECT count(*) FROM unnest(u.weights) w WHERE w <> 'A'), c.search_length
-    FROM document_chunks c, unnest(c.search_vector) u
-    WHERE c.knowledge_base_id = %s AND c.{_SEARCHABLE}
+    SELECT g.kb, g.lexeme, fulltext_impact(g.title_tf, g.body_tf, g.len), g.chunk, g.title_tf, g.body_tf, g.len
+    FROM (SELECT %s::uuid AS kb, u.lexeme, c.id AS chunk, c.search_length AS len,
+                 coalesce(cardinality(array_positions(u.weights, 'A')), 0) AS title_tf,
+                 coalesce(cardinality(u.weights) - cardinality(array_positions(u.weights, 'A')), 0) AS body_tf
+          FROM document_chunks c, unnest(c.search_vector) u
+          WHERE c.knowledge_base_id = %s AND c.{_SEARCHABLE}) g
 """
+_POSTING_COLUMNS = "knowledge_base_id, lexeme, impact, chunk_id, title_tf, body_tf, length"
 
 
 def rebuild_statistics(kb_id: uuid.UUID) -> None:
@@ -161,8 +195,7 @@ def rebuild_statistics(kb_id: uuid.UUID) -> None:
                        " VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
         cursor.execute("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb_id])
         cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s", [kb_id])
-        cursor.execute("INSERT INTO fulltext_postings (knowledge_base_id, lexeme, chunk_id, title_tf, body_tf, length) "
-                       + _RECOUNT_POSTINGS_SQL, [kb_id, kb_id])
+        cursor.execute(f"INSERT INTO fulltext_postings ({_POSTING_COLUMNS}) {_RECOUNT_POSTINGS_SQL}", [kb_id, kb_id])
         cursor.execute("DELETE FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
         cursor.execute("INSERT INTO fulltext_term_stats (knowledge_base_id, lexeme, df) " + _RECOUNT_TERMS_SQL,
                        [kb_id, kb_id])
@@ -183,8 +216,7 @@ def statistics_mismatches(kb_id: uuid.UUID) -> list[str]:
         stored = {lexeme: int(df) for lexeme, df in cursor.fetchall()}
         cursor.execute(_RECOUNT_TERMS_SQL, [kb_id, kb_id])
         counted = {lexeme: int(df) for _, lexeme, df in cursor.fetchall()}
-        cursor.execute("SELECT knowledge_base_id, lexeme, chunk_id, title_tf, body_tf, length FROM fulltext_postings"
-                       " WHERE knowledge_base_id = %s", [kb_id])
+        cursor.execute(f"SELECT {_POSTING_COLUMNS} FROM fulltext_postings WHERE knowledge_base_id = %s", [kb_id])
         stored_postings = {tuple(row) for row in cursor.fetchall()}
         cursor.execute(_RECOUNT_POSTINGS_SQL, [kb_id, kb_id])
         counted_postings = {tuple(row) for row in cursor.fetchall()}

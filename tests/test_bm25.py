@@ -111,6 +111,52 @@ def test_postings_budget_keeps_the_rarest_terms(medical: KnowledgeBase, settings
         knowledge_base=medical, chunk_text__contains="党参").values_list("id", flat=True))
 
 
+def _scored(df: int, lexeme: str, prefix: bool = False, idf: float = 1.0) -> bm25.ScoredTerm:
+    from search.fulltext import QueryTerm
+
+    return bm25.ScoredTerm(QueryTerm(lexeme, prefix=prefix), df, idf, idf)
+
+
+def test_allot_postings_reads_rare_terms_whole_and_splits_the_rest() -> None:
+    terms = [_scored(10, "a"), _scored(500, "b"), _scored(5000, "c"), _scored(90000, "d")]
+    reads = bm25.allot_postings(terms, 3000)
+    # a 整条读完；剩下 2990 平分给 3 个词：b 的 500 用不完，余量留给 c、d
+    assert [(r.scored.term.lexeme, r.rows, r.truncated) for r in reads] == [
+        ("a", 10, False), ("b", 500, False), ("c", 1245, True), ("d", 1245, True)]
+    assert sum(r.rows for r in reads) <= 3000
+    # 截断的额度按 IDF 分：贡献大的词读得更深
+    weighted = bm25.allot_postings([_scored(5000, "c", idf=3.0), _scored(9000, "d", idf=1.0)], 2000)
+    assert [(r.scored.term.lexeme, r.rows) for r in weighted] == [("c", 1500), ("d", 500)]
+
+
+def test_allot_postings_skips_prefix_terms_it_cannot_afford() -> None:
+    terms = [_scored(10, "a"), _scored(4000, "肝", prefix=True), _scored(9000, "c")]
+    # 读不起的前缀词跳过，它那份额度留给后面的词
+    assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(terms, 3000)] == [("a", 10), ("c", 2990)]
+    # 只有前缀词且一个也读不起：仍整段读最稀有的那个
+    only = [_scored(4000, "肝", prefix=True)]
+    assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(only, 100)] == [("肝", 4000)]
+    assert bm25.allot_postings([], 100) == []
+
+
+@pytest.mark.django_db
+def test_truncated_common_term_reads_its_highest_impact_postings(kb_factory: Any, fake_embedder: Any,
+                                                                 django_capture_on_commit_callbacks: Any,
+                                                                 settings: Any) -> None:
+    kb = kb_factory()
+    # 每个分块都含一次“复查”，长度各不相同：只读 2 行时应读到最短的两个，正好是完整 BM25 的前两名
+    for i in range(6):
+        _upload(kb, f"d{i}.txt", "复查" + "。".join(["患者情况稳定"] * (i * 3 + 1)),
+                django_capture_on_commit_callbacks)
+    expected = _python_bm25(kb, "复查")
+    best_two = sorted(expected, key=lambda chunk_id: -expected[chunk_id])[:2]
+    settings.BM25_MAX_POSTINGS = 2
+    hits = fulltext_search(kb, parse_query("复查"), SearchFilters(), limit=10).hits
+    assert [hit.chunk_id for hit in hits] == best_two
+    for hit in hits:
+        assert hit.value == pytest.approx(expected[hit.chunk_id], rel=1e-4)  # 读到的行照常精确计分
+
+
 @pytest.mark.django_db
 def test_query_of_only_common_terms_still_returns_results(kb_factory: Any, fake_embedder: Any,
                                                           django_capture_on_commit_callbacks: Any) -> None:

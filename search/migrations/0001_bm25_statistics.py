@@ -14,7 +14,7 @@ rebuild_fulltext 的 UPDATE）都在同一事务里按增量更新统计。语�
 import django.db.models.deletion
 from django.db import migrations, models
 
-FUNCTIONS_SQL = """
+POSTINGS_TABLE_SQL = """
 CREATE TABLE fulltext_postings (
     -- 不设外键：行的增删全由触发器跟着分块走（外键还会让测试的 TRUNCATE 失败）
     knowledge_base_id uuid NOT NULL,
@@ -26,9 +26,13 @@ CREATE TABLE fulltext_postings (
     -- 打分只读这几列：INCLUDE 让 BM25 的聚合走仅索引扫描，不回表
     PRIMARY KEY (knowledge_base_id, lexeme, chunk_id) INCLUDE (title_tf, body_tf, length)
 );
+"""
 
+DELTA_TYPE_SQL = """
 CREATE TYPE fulltext_chunk_delta AS (kb uuid, chunk bigint, sv tsvector, len integer, sign integer);
+"""
 
+APPLY_FUNCTION_SQL = """
 CREATE FUNCTION fulltext_stats_apply(deltas fulltext_chunk_delta[]) RETURNS void LANGUAGE sql AS $$
     INSERT INTO fulltext_kb_stats AS s (knowledge_base_id, chunk_count, total_length)
     SELECT d.kb, sum(d.sign), sum(d.sign * coalesce(d.len, 0)) FROM unnest(deltas) d GROUP BY d.kb
@@ -59,7 +63,9 @@ CREATE FUNCTION fulltext_stats_apply(deltas fulltext_chunk_delta[]) RETURNS void
            coalesce(d.len, 0)
     FROM unnest(deltas) d, unnest(d.sv) u WHERE d.sign > 0;
 $$;
+"""
 
+MAINTAIN_FUNCTION_SQL = """
 CREATE FUNCTION fulltext_stats_maintain() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- 过渡表只在对应事件里存在；PL/pgSQL 的语句在第一次执行时才规划，没走到的分支不会引用不存在的表
@@ -92,6 +98,9 @@ INSERT INTO fulltext_term_stats (knowledge_base_id, lexeme, df)
 SELECT knowledge_base_id, lexeme, count(*)
 FROM document_chunks, unnest(tsvector_to_array(search_vector)) AS lexeme
 WHERE role <> 'parent' GROUP BY knowledge_base_id, lexeme;
+"""
+
+POSTINGS_INITIAL_SQL = """
 INSERT INTO fulltext_postings (knowledge_base_id, lexeme, chunk_id, title_tf, body_tf, length)
 SELECT c.knowledge_base_id, u.lexeme, c.id,
        (SELECT count(*) FROM unnest(u.weights) w WHERE w = 'A'),
@@ -157,5 +166,6 @@ class Migration(migrations.Migration):
                 'db_table': 'fulltext_term_stats',
             },
         ),
-        migrations.RunSQL(FUNCTIONS_SQL + INITIAL_SQL + TRIGGERS_SQL, DROP_SQL),
+        migrations.RunSQL(POSTINGS_TABLE_SQL + DELTA_TYPE_SQL + APPLY_FUNCTION_SQL + MAINTAIN_FUNCTION_SQL
+                          + INITIAL_SQL + POSTINGS_INITIAL_SQL + TRIGGERS_SQL, DROP_SQL),
     ]
