@@ -28,6 +28,7 @@ import time
 import uuid
 import zlib
 from multiprocessing import Pool
+from multiprocessing.pool import Pool as WorkerPool
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +111,7 @@ def _vector(seed: int, centers: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def load(kb: KnowledgeBase, seeds: range, vectors: bool, pool: Pool) -> float:
+def load(kb: KnowledgeBase, seeds: range, vectors: bool, pool: WorkerPool) -> float:
     """按 COPY 写入 ``seeds`` 对应的分块（每 500 个一份 completed 文档），不经触发器；返回耗时（秒）。"""
     started = time.perf_counter()
     centers = _centers()
