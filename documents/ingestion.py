@@ -179,6 +179,19 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def embedding_input(draft: ChunkDraft) -> str:
+    """送去 embedding 的文本。``RAG_EMBED_HEADING_CONTEXT`` 开启时在分块前加上它所在的标题路径，让脱离上下文的
+    分块（“第三条 付款方式……”）也带着它属于哪一章；返回给调用方的 ``chunk_text`` 不变。
+
+    分块里已经出现的标题不再重复（从标题处开始的分块自己带着它）。分块的 ``text_hash`` 按这段输入算，
+    标题路径变了就不会复用旧向量。
+    """
+    if not settings.EMBED_HEADING_CONTEXT:
+        return draft.text
+    missing = [heading for heading in draft.heading_path if heading not in draft.text]
+    return " > ".join(missing) + "\n\n" + draft.text if missing else draft.text
+
+
 def reusable_vectors(document_ids: Sequence[Any], dimension: int) -> dict[str, Any]:
     """这些文档现有分块的 text_hash → 向量；只取同一维度（同一知识库即同一模型）的向量。"""
     if not document_ids:
@@ -211,14 +224,15 @@ def embed_drafts(groups: Sequence[Sequence[ChunkDraft]], provider: EmbeddingProv
         for index, draft in enumerate(drafts):
             if draft.role == "parent":
                 continue
-            digest = text_hash(draft.text)
+            text = embedding_input(draft)
+            digest = text_hash(text)
             cached = reusable.get(digest)
             if cached is not None:
                 vectors[group][index] = np.asarray(cached, dtype=np.float32)
                 reused += 1
             else:
                 pending.setdefault(digest, []).append((group, index))
-                texts[digest] = draft.text
+                texts[digest] = text
     digests = list(pending)
     for start in range(0, len(digests), EMBED_SLICE):
         if between_slices is not None:
@@ -293,7 +307,7 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         yield (
             ids[index], run.kb.id, run.document.id, index, draft.text, json.dumps(metadata, ensure_ascii=False),
             _vector_literal(vector), dim if vector is not None else None, draft.role, parent_id,
-            draft.token_count, text_hash(draft.text), search_vector, search_length, now,
+            draft.token_count, text_hash(embedding_input(draft)), search_vector, search_length, now,
         )
 
 

@@ -237,6 +237,8 @@ EMBEDDING_API = env_str("RAG_EMBEDDING_API", "openai",
                         "http 提供方的接口风格：openai（/v1/embeddings）、tei（/embed）或 auto（先试 openai）",
                         choices=("openai", "tei", "auto"))
 EMBEDDING_API_KEY = env_str("RAG_EMBEDDING_API_KEY", "", "http 提供方的 Bearer token")
+EMBED_HEADING_CONTEXT = env_bool("RAG_EMBED_HEADING_CONTEXT", False,
+                                 "embedding 时在分块文本前加上它的标题路径（返回的 chunk_text 不变；全文索引总带标题）")
 EMBEDDING_BATCH_SIZE = env_int("RAG_EMBEDDING_BATCH_SIZE", 32, "embedding 批大小", minimum=1)
 EMBEDDING_DEVICE = env_str("RAG_EMBEDDING_DEVICE", "", "flag 提供方的设备：空为有 GPU 用 cuda，否则 cpu")
 BREAKER_FAILURE_THRESHOLD = env_int("RAG_BREAKER_FAILURE_THRESHOLD", 5, "连续失败多少次后熔断", minimum=1)
