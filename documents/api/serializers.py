@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from documents.models import Document
-from ragservice.api import PageQuerySerializer, StrictSerializer, parse_status_list
+from ragservice.api import PageQuerySerializer, StatusListField, StrictSerializer
 
 
 @extend_schema_field(OpenApiTypes.STR)
@@ -60,10 +60,8 @@ class DocumentUploadSerializer(StrictSerializer):
 
 
 class DocumentListQuerySerializer(PageQuerySerializer):
-    status = serializers.CharField(required=False)
-
-    def validate_status(self, value: str) -> list[str]:
-        return parse_status_list(value, Document.Status.values)
+    status = StatusListField(allowed=Document.Status.values, required=False,
+                             help_text="逗号分隔的状态，如 failed,processing")
 
 
 class DocumentAcceptedSerializer(serializers.Serializer):
