@@ -2,13 +2,73 @@
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import IO, Any
 
 from django.conf import settings
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
+from rest_framework.parsers import JSONParser
+
+from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+
+# JSON 嵌套层数上限：真实请求（过滤条件、元数据、分块参数）不超过三四层；不设上限时
+# 十万个 "[" 会在解析或之后任何递归处理里触发 RecursionError
+MAX_JSON_DEPTH = 32
+
+
+class JsonTooDeepError(ValueError):
+    """JSON 嵌套超过 MAX_JSON_DEPTH 层。"""
+
+
+def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """非递归地检查嵌套层数（标量 0 层，``[]`` 与 ``{}`` 1 层）。"""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, Mapping) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def json_loads_bounded(text: str | bytes) -> Any:
+    """``json.loads`` 加嵌套层数上限。C 解码器在约 1000 层时抛 RecursionError（便宜且干净），
+    这里把它与超过 MAX_JSON_DEPTH 的结果一并换成 :class:`JsonTooDeepError`。"""
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise JsonTooDeepError from exc
+    if json_depth_exceeds(value):
+        raise JsonTooDeepError
+    return value
+
+
+def json_too_deep(field: str | None) -> ApplicationError:
+    return ApplicationError(
+        ErrorCode.VALIDATION_ERROR, "Request validation failed", 400,
+        [ErrorDetail(field, "NESTING_TOO_DEEP", f"JSON nesting must not exceed {MAX_JSON_DEPTH} levels")],
+    )
+
+
+class BoundedJSONParser(JSONParser):
+    """DRF 的 JSON 解析器加嵌套层数上限；请求体大小由 Django 的 DATA_UPLOAD_MAX_MEMORY_SIZE 限制
+    （超限抛 RequestDataTooBig，统一渲染为 413）。"""
+
+    def parse(self, stream: IO[Any], media_type: str | None = None,
+              parser_context: Mapping[str, Any] | None = None) -> Any:
+        try:
+            value = super().parse(stream, media_type, parser_context)
+        except RecursionError as exc:
+            raise json_too_deep(None) from exc
+        if json_depth_exceeds(value):
+            raise json_too_deep(None)
+        return value
 
 
 class StrictSerializer(serializers.Serializer):
@@ -68,36 +128,6 @@ class StatusListField(serializers.CharField):
                 f"Unknown status {', '.join(map(repr, invalid))}; expected one or more of: {', '.join(self.allowed)}."
             )
         return statuses
-
-
-# DRF 的 CharField 一律拒绝 NUL 与代理对码位；trim_whitespace 且不允许空白的字段还拒绝全是空白的值。
-# 正则按 Python re 的语义书写（\s 即 str.isspace），与 DRF 的 str.strip() 判定一致
-_TEXT = r"[^\x00\ud800-\udfff]"
-NO_NUL_PATTERN = rf"^{_TEXT}*$"
-NOT_BLANK_PATTERN = rf"^{_TEXT}*[^\s\x00\ud800-\udfff]{_TEXT}*$"
-
-
-class StrictAutoSchema(AutoSchema):
-    """OpenAPI schema 与服务端一样严格：拒绝未知字段的请求体声明 ``additionalProperties: false``，
-    字符串字段用 pattern 写明服务端拒绝的字符（NUL、代理对、全空白），枚举与上下限由字段本身给出。
-
-    只改请求方向：响应由服务端生成，不需要这些约束。
-    """
-
-    def _map_serializer(self, serializer: Any, direction: str, bypass_extensions: bool = False) -> dict[str, Any]:
-        schema: dict[str, Any] = super()._map_serializer(serializer, direction, bypass_extensions)
-        if direction == "request" and isinstance(serializer, StrictSerializer):
-            schema["additionalProperties"] = False
-        return schema
-
-    def _map_serializer_field(self, field: Any, direction: str, bypass_extensions: bool = False) -> dict[str, Any]:
-        schema: dict[str, Any] = super()._map_serializer_field(field, direction, bypass_extensions)
-        if (direction == "request" and isinstance(field, serializers.CharField) and schema.get("type") == "string"
-                and "format" not in schema and "enum" not in schema):
-            blank_rejected = not field.allow_blank and field.trim_whitespace
-            schema.setdefault("pattern", getattr(field, "pattern", None)
-                              or (NOT_BLANK_PATTERN if blank_rejected else NO_NUL_PATTERN))
-        return schema
 
 
 def page_response(serializer_class: type[serializers.Serializer], name: str) -> serializers.Serializer:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import permission_denied
 from rest_framework import exceptions as drf_exceptions
@@ -87,6 +87,17 @@ def not_found(code: str, resource: str, field_name: str, resource_id: object) ->
     return ApplicationError(
         code, f"{resource} with id '{resource_id}' not found", 404,
         [ErrorDetail(field_name, "NOT_FOUND", "Resource does not exist")],
+    )
+
+
+def request_too_large() -> ApplicationError:
+    """请求体（JSON，或 multipart 里文件以外的字段）超过 RAG_MAX_REQUEST_BODY。"""
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return ApplicationError(
+        ErrorCode.PAYLOAD_TOO_LARGE, f"Request body exceeds the maximum size of {limit} bytes", 413,
+        [ErrorDetail(None, "TOO_LARGE", f"Maximum size is {limit} bytes (RAG_MAX_REQUEST_BODY)")],
     )
 
 
@@ -186,6 +197,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     from rest_framework.views import set_rollback
 
     set_rollback()
+    if isinstance(exc, RequestDataTooBig):
+        exc = request_too_large()
+    elif isinstance(exc, SuspiciousOperation):
+        # 表单字段或文件个数超限（TooManyFieldsSent / TooManyFilesSent）等：客户端的请求有问题
+        exc = drf_exceptions.ParseError(str(exc))
     if isinstance(exc, ApplicationError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=dict(exc.headers))
     if isinstance(exc, drf_exceptions.APIException):
@@ -218,7 +234,11 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Json
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    """Django 层的请求错误（如非法 Host 头）。"""
+    """Django 层的请求错误（如非法 Host 头、非 DRF 视图里超限的请求体）。"""
+    if isinstance(exception, RequestDataTooBig):
+        error = request_too_large()
+        return JsonResponse(error_body(error.code, error.message, error.details), status=error.status,
+                            json_dumps_params={"ensure_ascii": False})
     return _json_error(400, ErrorCode.VALIDATION_ERROR, "Bad request")
 
 

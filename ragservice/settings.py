@@ -153,6 +153,9 @@ STATIC_ROOT = ensure_dir(DATA_DIR / "static")
 # 上传文件一律流式写入临时文件（见 documents.uploads），不在内存里攒整个请求体
 FILE_UPLOAD_HANDLERS = ["documents.uploads.LimitedTemporaryFileUploadHandler"]
 FILE_UPLOAD_MAX_MEMORY_SIZE = 0
+# JSON 请求体（及 multipart 里文件以外的字段）的上限，超过即 413；条目正文最多 100 万字（UTF-8 约 3 MB）
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_size("RAG_MAX_REQUEST_BODY", 10 * 1024 * 1024,
+                                       "JSON 请求体大小上限（字节，可写 10MB）；文件上传由 RAG_MAX_DOCUMENT_SIZE 限制")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -164,10 +167,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["ops.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["ops.auth.HasApiKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["ragservice.api.BoundedJSONParser"],
     "UPLOADED_FILES_USE_URL": False,
     "EXCEPTION_HANDLER": "ragservice.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "ragservice.api.StrictAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "ops.schema.StrictAutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from tests.conftest import assert_error
 
@@ -44,3 +45,70 @@ def test_status_filter_accepts_exactly_what_the_schema_pattern_describes(client_
     assert client_rw.get("/knowledge_bases", {"status": " enabled , deleted"}).status_code == 200
     for bad in ("enabled,", ",", "enabled,,disabled", "gone"):
         assert_error(client_rw.get("/knowledge_bases", {"status": bad}), 400, "VALIDATION_ERROR")
+
+
+def _file() -> SimpleUploadedFile:
+    return SimpleUploadedFile("a.txt", b"hello", content_type="text/plain")
+
+
+def _post_json(client, url, raw: str):
+    return client.post(url, data=raw, content_type="application/json")
+
+
+@pytest.fixture
+def small_body_limit(settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024
+    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+
+
+def test_oversize_json_body_is_413(client_rw, kb_factory, small_body_limit):
+    kb = kb_factory()
+    raw = '{"query": "' + "x" * small_body_limit + '", "knowledge_base_id": "' + str(kb.id) + '"}'
+    error = assert_error(_post_json(client_rw, "/search", raw), 413, "PAYLOAD_TOO_LARGE")
+    assert error["details"][0]["code"] == "TOO_LARGE"
+    assert_error(_post_json(client_rw, "/knowledge_bases", raw), 413, "PAYLOAD_TOO_LARGE")
+
+
+def test_oversize_multipart_fields_are_413(client_rw, kb_factory, small_body_limit):
+    kb = kb_factory()
+    response = client_rw.post(f"/knowledge_bases/{kb.id}/documents",
+                              {"file": _file(), "metadata": "x" * (small_body_limit + 1)}, format="multipart")
+    assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+
+
+DEEP = "[" * 100_000
+
+
+@pytest.mark.parametrize("depth", [33, 2000, 100_000])
+def test_deeply_nested_json_is_rejected_with_a_clear_code(client_rw, kb_factory, depth):
+    kb = kb_factory()
+    nested = "[" * depth + "]" * depth
+    bodies = {
+        "/search": '{"query": "x", "knowledge_base_id": "' + str(kb.id) + '", "filters": {"domain": ' + nested + "}}",
+        "/knowledge_bases": '{"name": "n", "chunking": ' + nested + "}",
+        f"/knowledge_bases/{kb.id}/items/bulk": '{"items": [{"external_id": "a", "content": "c", "metadata": '
+                                                + nested + "}]}",
+        "/mcp": '{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": ' + nested + "}",
+    }
+    for url, raw in bodies.items():
+        error = assert_error(_post_json(client_rw, url, raw), 400, "VALIDATION_ERROR")
+        assert error["details"][0]["code"] == "NESTING_TOO_DEEP", url
+    unterminated = assert_error(_post_json(client_rw, "/search", DEEP), 400, "VALIDATION_ERROR")
+    assert unterminated["details"][0]["code"] in ("NESTING_TOO_DEEP", "PARSE_ERROR")
+
+
+def test_json_at_the_depth_limit_is_accepted(client_rw):
+    nested = "[" * 31 + "1" + "]" * 31  # 加上外层的对象正好 32 层，由序列化器按字段规则判定
+    raw = '{"name": "n", "chunking": ' + nested + "}"
+    error = assert_error(_post_json(client_rw, "/knowledge_bases", raw), 400, "VALIDATION_ERROR")
+    assert error["details"][0]["code"] != "NESTING_TOO_DEEP"
+
+
+@pytest.mark.parametrize("field", ["metadata", "chunking"])
+def test_deeply_nested_multipart_json_fields_are_rejected(client_rw, kb_factory, field):
+    kb = kb_factory()
+    response = client_rw.post(f"/knowledge_bases/{kb.id}/documents", {"file": _file(), field: DEEP},
+                              format="multipart")
+    error = assert_error(response, 400, "VALIDATION_ERROR")
+    assert error["details"][0] == {"field": field, "code": "NESTING_TOO_DEEP",
+                                   "message": "JSON nesting must not exceed 32 levels."}
