@@ -50,6 +50,8 @@ class ErrorCode:
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     RATE_LIMITED = "RATE_LIMITED"
+    URI_TOO_LONG = "URI_TOO_LONG"
+    HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
     DOCUMENT_BUSY = "DOCUMENT_BUSY"
     ITEM_NOT_FOUND = "ITEM_NOT_FOUND"
     EMBEDDING_FAILED = "EMBEDDING_FAILED"
@@ -224,31 +226,31 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 # ---------------------------------------------------------------- Django 层（非 DRF 视图）的处理器
 
 
-def _json_error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse(error_body(code, message), status=status, json_dumps_params={"ensure_ascii": False})
+def json_error_response(status: int, code: str, message: str, details: Sequence[ErrorDetail] = ()) -> JsonResponse:
+    """DRF 之外（Django 处理器、中间件）的统一错误响应。"""
+    return JsonResponse(error_body(code, message, details), status=status, json_dumps_params={"ensure_ascii": False})
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """未知路由。"""
-    return _json_error(404, ErrorCode.NOT_FOUND, f"No route matches {request.path}")
+    return json_error_response(404, ErrorCode.NOT_FOUND, f"No route matches {request.path}")
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """Django 层的请求错误（如非法 Host 头、非 DRF 视图里超限的请求体）。"""
     if isinstance(exception, RequestDataTooBig):
         error = request_too_large()
-        return JsonResponse(error_body(error.code, error.message, error.details), status=error.status,
-                            json_dumps_params={"ensure_ascii": False})
-    return _json_error(400, ErrorCode.VALIDATION_ERROR, "Bad request")
+        return json_error_response(error.status, error.code, error.message, error.details)
+    return json_error_response(400, ErrorCode.VALIDATION_ERROR, "Bad request")
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django 层的拒绝（如 CSRF 校验失败）。管理后台与检索调试页给人看，用 Django 的 HTML 403 页。"""
     if not is_api_path(request.path):
         return permission_denied(request, exception or PermissionDenied())
-    return _json_error(403, ErrorCode.PERMISSION_DENIED, "Forbidden")
+    return json_error_response(403, ErrorCode.PERMISSION_DENIED, "Forbidden")
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
     """中间件或非 DRF 视图里的未处理异常；堆栈已由 got_request_exception 的接收者记录。"""
-    return _json_error(500, ErrorCode.INTERNAL_ERROR, "Internal server error")
+    return json_error_response(500, ErrorCode.INTERNAL_ERROR, "Internal server error")

@@ -161,6 +161,11 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# 超过即 414 / 431（统一错误格式）；gunicorn 自己的解析上限放得更宽，见 ragservice/gunicorn_conf.py
+MAX_URL_LENGTH = env_int("RAG_MAX_URL_LENGTH", 4096, "请求 URI（路径 + 查询串）的最大长度", minimum=256,
+                         maximum=8190)
+MAX_HEADER_BYTES = env_int("RAG_MAX_HEADER_BYTES", 16384, "请求头合计的最大字节数", minimum=1024, maximum=65536)
+
 # ---------------------------------------------------------------- DRF 与 OpenAPI
 MAX_PAGE_SIZE = env_int("RAG_MAX_PAGE_SIZE", 100, "列表接口 page_size 上限", minimum=1)
 REST_FRAMEWORK = {

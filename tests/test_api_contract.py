@@ -112,3 +112,48 @@ def test_deeply_nested_multipart_json_fields_are_rejected(client_rw, kb_factory,
     error = assert_error(response, 400, "VALIDATION_ERROR")
     assert error["details"][0] == {"field": field, "code": "NESTING_TOO_DEEP",
                                    "message": "JSON nesting must not exceed 32 levels."}
+
+
+def test_overlong_uri_is_414_in_the_error_schema(client_rw, settings):
+    response = client_rw.get("/knowledge_bases", {"name_contains": "x" * settings.MAX_URL_LENGTH})
+    error = assert_error(response, 414, "URI_TOO_LONG")
+    assert error["details"][0]["code"] == "TOO_LONG"
+    assert_error(client_rw.get("/knowledge_bases/" + "x" * 3000), 404, "KNOWLEDGE_BASE_NOT_FOUND")
+
+
+def test_oversize_headers_are_431_in_the_error_schema(client_rw, settings):
+    error = assert_error(client_rw.get("/knowledge_bases", HTTP_X_PADDING="x" * settings.MAX_HEADER_BYTES), 431,
+                         "HEADERS_TOO_LARGE")
+    assert error["details"][0]["code"] == "TOO_LARGE"
+    assert client_rw.get("/knowledge_bases", HTTP_X_PADDING="x" * 8000).status_code == 200
+
+
+def test_gunicorn_parse_errors_are_written_in_the_error_schema():
+    """gunicorn 在解析阶段拒绝的请求（不经 Django）也回统一错误格式，而不是 HTML 页。"""
+    import json
+    import socket
+
+    from gunicorn import util
+
+    from ragservice import gunicorn_conf
+
+    assert util.write_error is gunicorn_conf.write_json_error
+    assert gunicorn_conf.limit_request_line >= settings_limit("MAX_URL_LENGTH")
+    server, client = socket.socketpair()
+    with server, client:
+        gunicorn_conf.write_json_error(server, 414, "URI Too Long", "GET /" + "x" * 9000)
+        server.shutdown(socket.SHUT_WR)
+        raw = b""
+        while chunk := client.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 414 URI Too Long") and b"Content-Type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "URI_TOO_LONG" and error["details"] == [] and "xxx" not in error["message"]
+    assert f"X-Request-ID: {error['request_id']}".encode() in head
+
+
+def settings_limit(name: str) -> int:
+    from django.conf import settings
+
+    return int(getattr(settings, name))
