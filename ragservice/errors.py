@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,7 +171,7 @@ def _api_exception_response(exc: drf_exceptions.APIException) -> Response:
         headers["WWW-Authenticate"] = 'Bearer realm="ragservice"'
     wait = getattr(exc, "wait", None)
     if isinstance(exc, drf_exceptions.Throttled) and wait is not None:
-        headers["Retry-After"] = str(int(wait))
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
 
 

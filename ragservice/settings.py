@@ -86,6 +86,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ops.middleware.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "ragservice.urls"
@@ -177,6 +178,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "ragservice.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "ops.schema.StrictAutoSchema",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_CLASSES": ["ops.ratelimit.ApiKeyRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "ragservice API",
@@ -194,6 +196,17 @@ SPECTACULAR_SETTINGS = {
         "DocumentStatusEnum": "documents.models.Document.Status",
     },
 }
+
+# ---------------------------------------------------------------- 限流（ops.ratelimit）
+RATE_LIMIT_ENABLED = env_bool("RAG_RATE_LIMIT_ENABLED", True, "是否按 API key 限流、按客户端 IP 限制认证失败")
+RATE_LIMIT_RATE = env_float("RAG_RATE_LIMIT_RATE", 20.0, "每个 API key 每秒补充的请求数（令牌桶速率）",
+                            minimum=0.001)
+RATE_LIMIT_BURST = env_int("RAG_RATE_LIMIT_BURST", 200, "每个 API key 的令牌桶容量（允许的突发请求数）", minimum=1)
+RATE_LIMIT_AUTH_FAILURE_RATE = env_float("RAG_RATE_LIMIT_AUTH_FAILURE_RATE", 0.2,
+                                         "每个客户端 IP 每秒补充的认证失败次数", minimum=0.001)
+RATE_LIMIT_AUTH_FAILURE_BURST = env_int("RAG_RATE_LIMIT_AUTH_FAILURE_BURST", 20,
+                                        "每个客户端 IP 连续认证失败多少次后回 429", minimum=1)
+REDIS_URL = env_str("RAG_REDIS_URL", "", "限流令牌桶放在 Redis（如 redis://localhost:6379/0）；不设置则放在 PostgreSQL")
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
 TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)
