@@ -48,3 +48,43 @@ class StrictAutoSchema(AutoSchema):
             schema.setdefault("pattern", getattr(field, "pattern", None)
                               or (NOT_BLANK_PATTERN if blank_rejected else NO_NUL_PATTERN))
         return schema
+
+
+# OpenAPI links：一个操作的响应里的 id 可以喂给哪些后续操作。给客户端生成器与 schemathesis 的
+# 有状态测试用（创建知识库 → 上传文档 → 查文档 → 删除知识库 → 查清理任务……）
+_KB_FROM_BODY = {"kb_id": "$response.body#/id"}
+_LINKS: dict[tuple[str, str], dict[str, dict[str, str]]] = {
+    ("create_knowledge_base", "201"): {
+        operation: _KB_FROM_BODY for operation in (
+            "get_knowledge_base", "update_knowledge_base", "delete_knowledge_base", "list_documents",
+            "upload_document", "list_items", "upsert_item", "bulk_upsert_items", "list_domains", "sync_domain",
+        )
+    },
+    ("upload_document", "202"): {
+        operation: {"document_id": "$response.body#/document_id"}
+        for operation in ("get_document", "delete_document", "reindex_document")
+    },
+    ("delete_knowledge_base", "202"): {
+        operation: {"task_id": "$response.body#/cleanup_task_id"}
+        for operation in ("get_cleanup_task", "retry_cleanup_task")
+    },
+    **{
+        ("upsert_item", status): {
+            operation: {"kb_id": "$request.path.kb_id", "external_id": "$request.path.external_id"}
+            for operation in ("get_item", "delete_item")
+        }
+        for status in ("200", "201", "202")
+    },
+}
+
+
+def add_links(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular 的后处理钩子：按 ``_LINKS`` 给响应加上 ``links``。"""
+    operations = {operation["operationId"]: operation for path in result.get("paths", {}).values()
+                  for operation in path.values() if isinstance(operation, dict) and "operationId" in operation}
+    for (source, status), targets in _LINKS.items():
+        response = operations[source]["responses"][status]
+        response["links"] = {
+            target: {"operationId": target, "parameters": parameters} for target, parameters in targets.items()
+        }
+    return result

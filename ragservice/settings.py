@@ -190,6 +190,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "ops.schema.add_links"],
     "ENUM_NAME_OVERRIDES": {
         "KnowledgeBaseStatusEnum": "knowledge.models.KnowledgeBase.Status",
         "CleanupTaskStatusEnum": "knowledge.models.CleanupTask.Status",
