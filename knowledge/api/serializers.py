@@ -24,8 +24,9 @@ class ChunkingSerializer(StrictSerializer):
 
     strategy = serializers.ChoiceField(choices=["token", "semantic", "recursive", "parent_child"], required=False)
     chunk_size = serializers.IntegerField(min_value=1, required=False)
-    overlap = serializers.IntegerField(min_value=0, required=False)
-    parent_size = serializers.IntegerField(min_value=1, required=False)
+    overlap = serializers.IntegerField(min_value=0, required=False, help_text="必须小于 chunk_size（跨字段约束，400）")
+    parent_size = serializers.IntegerField(min_value=1, required=False,
+                                           help_text="parent_child 策略下不得小于 chunk_size（跨字段约束，400）")
 
 
 class KnowledgeBaseCreateSerializer(StrictSerializer):
