@@ -73,6 +73,7 @@ class RateLimitBucket(models.Model):
     """令牌桶的状态：每个 API key 一行（``key:<id>``），认证失败按客户端 IP 一行（``auth:<ip>``）。
 
     只由 :mod:`ops.ratelimit` 的一条 UPSERT 读写（补充 + 扣减在同一语句里，原子），没有 ORM 写路径。
+    表是 UNLOGGED（见迁移 0004）：不写 WAL，崩溃后清空——桶的状态丢了无妨。
     """
 
     key = models.CharField(primary_key=True, max_length=128)
