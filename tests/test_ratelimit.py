@@ -160,3 +160,11 @@ def test_admin_and_playground_pages_send_a_content_security_policy(admin_client,
         policy = admin_client.get(url)["Content-Security-Policy"]
         assert "script-src 'self'" in policy and "object-src 'none'" in policy and "frame-ancestors" in policy, url
     assert "Content-Security-Policy" not in client_rw.get("/knowledge_bases")
+
+
+@pytest.mark.django_db
+def test_bucket_table_is_unlogged():
+    """桶是可丢的状态：UNLOGGED 表不写 WAL，每个请求的 UPSERT 不必等 WAL 刷盘。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relpersistence FROM pg_class WHERE relname = 'ops_rate_limit_buckets'")
+        assert cursor.fetchone() == ("u",)
