@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -57,10 +58,21 @@ RETURNING b.tokens, b.allowed
 """.format(refill="LEAST(%(burst)s::float8, b.tokens + %(rate)s::float8 * "
                   "GREATEST(0, EXTRACT(EPOCH FROM EXCLUDED.updated_at - b.updated_at)))")
 
+    # 每个进程每这么多次取令牌顺手删一次闲置的桶（按 IP 的认证失败桶否则只增不减）
+    prune_every = 1000
+    # 闲置这么久的桶早已装满（容量 / 速率远小于此），删掉与保留等价
+    prune_idle = "1 hour"
+
+    def __init__(self) -> None:
+        self._takes = itertools.count(1)
+
     def take(self, key: str, *, rate: float, burst: int) -> Decision:
         with connection.cursor() as cursor:
             cursor.execute(self.sql, {"key": key, "rate": rate, "burst": burst})
             tokens, allowed = cursor.fetchone()
+            if next(self._takes) % self.prune_every == 0:
+                cursor.execute("DELETE FROM ops_rate_limit_buckets WHERE updated_at < clock_timestamp() - %s::interval",
+                               [self.prune_idle])
         return _decision(bool(allowed), float(tokens), rate)
 
 
@@ -106,11 +118,14 @@ def _redis_store(url: str) -> RedisBucketStore:
     return RedisBucketStore(url)
 
 
+_postgres_store = PostgresBucketStore()
+
+
 def bucket_store() -> BucketStore:
     """按配置选存储：设置了 RAG_REDIS_URL 用 Redis，否则 PostgreSQL。"""
     if settings.REDIS_URL:
         return _redis_store(settings.REDIS_URL)
-    return PostgresBucketStore()
+    return _postgres_store
 
 
 def take_token(key: str, *, rate: float, burst: int) -> Decision:

@@ -168,3 +168,17 @@ def test_bucket_table_is_unlogged():
     with connection.cursor() as cursor:
         cursor.execute("SELECT relpersistence FROM pg_class WHERE relname = 'ops_rate_limit_buckets'")
         assert cursor.fetchone() == ("u",)
+
+
+@pytest.mark.django_db
+def test_idle_buckets_are_pruned_now_and_then():
+    store = PostgresBucketStore()
+    store.prune_every = 3
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO ops_rate_limit_buckets VALUES "
+                       "('auth:10.1.2.3', 5, true, now() - interval '2 hours')")
+    store.take("key:a", rate=1.0, burst=5)
+    store.take("key:a", rate=1.0, burst=5)
+    assert RateLimitBucket.objects.filter(key="auth:10.1.2.3").exists()
+    store.take("key:a", rate=1.0, burst=5)
+    assert list(RateLimitBucket.objects.values_list("key", flat=True)) == ["key:a"]
