@@ -55,26 +55,35 @@ def _save_unique_name(kb: KnowledgeBase, **save_kwargs: Any) -> None:
         raise
 
 
+def _model_unavailable() -> ApplicationError:
+    """模型不可用的 400：消息固定，不带服务器路径或底层异常文本（免得被用来探测文件系统）。"""
+    return ApplicationError(
+        ErrorCode.VALIDATION_ERROR, "Embedding model is not available", 400,
+        [ErrorDetail("embedding.model", "UNAVAILABLE",
+                     "The requested embedding model is not available on this server")],
+    )
+
+
 def _resolve_embedding(provider: str | None, model: str | None) -> tuple[str, str, int]:
-    """确定知识库的 embedding 模型与维度；加载失败或维度没有对应索引时是调用方的输入错误。"""
+    """确定知识库的 embedding 模型与维度；模型不可用或维度没有对应索引时是调用方的输入错误。"""
     from documents.models import SUPPORTED_DIMENSIONS
-    from search.embedders import default_model, embedder
+    from search.embedders import ModelUnavailableError, default_model, embedding_dimension
 
     provider = provider or settings.EMBEDDING_PROVIDER
     model = model or default_model(provider)
     try:
-        dimension = embedder(provider, model).dimension
+        dimension = embedding_dimension(provider, model)
+    except ModelUnavailableError as exc:
+        logger.info("embedding_model_rejected", provider=provider, model=model, reason=str(exc))
+        raise _model_unavailable() from exc
     except Exception as exc:
         logger.warning("embedding_model_unavailable", provider=provider, model=model, exc_info=exc)
-        raise ApplicationError(
-            ErrorCode.VALIDATION_ERROR, "Embedding model cannot be loaded", 400,
-            [ErrorDetail("embedding.model", "UNAVAILABLE", f"{provider}:{model} could not be loaded: {exc}")],
-        ) from exc
+        raise _model_unavailable() from exc
     if dimension not in SUPPORTED_DIMENSIONS:
         raise ApplicationError(
             ErrorCode.VALIDATION_ERROR, "Unsupported embedding dimension", 400,
             [ErrorDetail("embedding.model", "UNSUPPORTED_DIMENSION",
-                         f"{model} produces {dimension}-d vectors; supported: {SUPPORTED_DIMENSIONS}")],
+                         f"The model produces {dimension}-d vectors; supported: {SUPPORTED_DIMENSIONS}")],
         )
     return provider, model, dimension
 

@@ -33,6 +33,8 @@ class Principal:
     all_knowledge_bases: bool
     knowledge_base_ids: frozenset[UUID] = field(default_factory=frozenset)
     is_authenticated: bool = True
+    # 限流按 key 计；系统身份（admin、管理命令、关闭鉴权）没有 key，不限流
+    key_id: UUID | None = None
 
     def can_access(self, knowledge_base_id: UUID) -> bool:
         return self.all_knowledge_bases or knowledge_base_id in self.knowledge_base_ids
@@ -79,7 +81,19 @@ def principal_for_key(raw_key: str) -> Principal | None:
         can_write=key.can_write,
         all_knowledge_bases=key.all_knowledge_bases,
         knowledge_base_ids=frozenset(kb.id for kb in key.knowledge_bases.all()),
+        key_id=key.id,
     )
+
+
+def _authentication_failed(request: Request, message: str) -> exceptions.APIException:
+    """一次认证失败：通常是 401；同一 IP 失败太多次（猜 key）则是 429 + Retry-After。"""
+    from ops.ratelimit import auth_failure_allowed, retry_after_seconds
+
+    decision = auth_failure_allowed(request)
+    if not decision.allowed:
+        return exceptions.Throttled(wait=retry_after_seconds(decision),
+                                    detail="Too many failed authentication attempts from this address")
+    return exceptions.AuthenticationFailed(message)
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -93,10 +107,10 @@ class ApiKeyAuthentication(BaseAuthentication):
             return None
         scheme, _, raw_key = header.partition(" ")
         if scheme.lower() != "bearer" or not raw_key.strip():
-            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+            raise _authentication_failed(request, "Authorization header must be 'Bearer <api key>'")
         principal = principal_for_key(raw_key)
         if principal is None:
-            raise exceptions.AuthenticationFailed("Invalid or revoked API key")
+            raise _authentication_failed(request, "Invalid or revoked API key")
         return principal, principal
 
     def authenticate_header(self, request: Request) -> str:

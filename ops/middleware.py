@@ -37,6 +37,33 @@ def is_api_path(path: str) -> bool:
     return not path.startswith(("/admin/", "/api/docs/", "/playground/")) and path != "/"
 
 
+def _header_bytes(request: HttpRequest) -> int:
+    """请求头的大致字节数：名字 + 值 + 分隔符，与 gunicorn 计量的口径接近。"""
+    return sum(len(name) + len(str(value)) + 4 for name, value in request.headers.items())
+
+
+def oversize_request_response(request: HttpRequest) -> HttpResponse | None:
+    """超长 URL → 414 URI_TOO_LONG，请求头过大 → 431 HEADERS_TOO_LARGE，用统一错误格式回答。
+
+    gunicorn 的限制（见 ragservice/gunicorn_conf.py）放得比这里宽，所以常见的超限请求能走到这里、
+    得到带请求 ID 的 JSON 错误，而不是 gunicorn 的 HTML 页；更离谱的请求仍由 gunicorn 在解析时拒绝。
+    """
+    # 延迟导入：ragservice.errors 依赖本模块的 is_api_path
+    from ragservice.errors import ErrorCode, ErrorDetail, json_error_response
+
+    if len(request.get_full_path()) > settings.MAX_URL_LENGTH:
+        return json_error_response(
+            414, ErrorCode.URI_TOO_LONG, "Request URI is too long",
+            [ErrorDetail(None, "TOO_LONG", f"Maximum URI length is {settings.MAX_URL_LENGTH} characters")],
+        )
+    if _header_bytes(request) > settings.MAX_HEADER_BYTES:
+        return json_error_response(
+            431, ErrorCode.HEADERS_TOO_LARGE, "Request header fields are too large",
+            [ErrorDetail(None, "TOO_LARGE", f"Request headers must total at most {settings.MAX_HEADER_BYTES} bytes")],
+        )
+    return None
+
+
 class RequestContextMiddleware:
     """为每个请求生成 UUID v4 请求 ID，绑定到日志上下文，写入响应头，并记录访问日志与指标。
 
@@ -57,7 +84,7 @@ class RequestContextMiddleware:
         # API 面向程序：错误信息固定用英文，便于调用方匹配；admin 与页面面向维护者，用中文
         language = "en" if is_api_path(request.path) else settings.LANGUAGE_CODE
         with structlog.contextvars.bound_contextvars(**fields), translation.override(language):
-            response = self.get_response(request)
+            response = oversize_request_response(request) or self.get_response(request)
             duration = time.perf_counter() - started
             endpoint = route_template(request)
             response["X-Request-ID"] = request_id
@@ -71,4 +98,27 @@ class RequestContextMiddleware:
                 duration_ms=round(duration * 1000, 2),
                 api_key=getattr(getattr(request, "auth", None), "name", None),
             )
+        return response
+
+
+# 管理后台与检索调试页的内容安全策略：脚本只来自本站（Django admin 不用内联脚本），调试页的
+# 内联样式需要 'unsafe-inline'；不许被别的站点嵌入，表单只能提交回本站
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'self'"
+)
+_CSP_PATHS = ("/admin/", "/playground/")
+
+
+class ContentSecurityPolicyMiddleware:
+    """给管理后台与检索调试页（给人看的 HTML 页面）加 Content-Security-Policy 头。"""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.path.startswith(_CSP_PATHS):
+            response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         return response

@@ -67,3 +67,25 @@ class ApiKey(models.Model):
     @property
     def can_write(self) -> bool:
         return self.access == self.Access.READ_WRITE
+
+
+class RateLimitBucket(models.Model):
+    """令牌桶的状态：每个 API key 一行（``key:<id>``），认证失败按客户端 IP 一行（``auth:<ip>``）。
+
+    只由 :mod:`ops.ratelimit` 的一条 UPSERT 读写（补充 + 扣减在同一语句里，原子），没有 ORM 写路径。
+    表是 UNLOGGED（见迁移 0004）：不写 WAL，崩溃后清空——桶的状态丢了无妨。
+    """
+
+    key = models.CharField(primary_key=True, max_length=128)
+    tokens = models.FloatField()
+    # 最近一次请求是否放行（UPSERT 的 RETURNING 据此判断，省一次往返）
+    allowed = models.BooleanField(default=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ops_rate_limit_buckets"
+        verbose_name = "限流令牌桶"
+        verbose_name_plural = "限流令牌桶"
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.tokens:.1f}"

@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import permission_denied
 from rest_framework import exceptions as drf_exceptions
@@ -50,6 +51,8 @@ class ErrorCode:
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     NOT_ACCEPTABLE = "NOT_ACCEPTABLE"
     RATE_LIMITED = "RATE_LIMITED"
+    URI_TOO_LONG = "URI_TOO_LONG"
+    HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
     DOCUMENT_BUSY = "DOCUMENT_BUSY"
     ITEM_NOT_FOUND = "ITEM_NOT_FOUND"
     EMBEDDING_FAILED = "EMBEDDING_FAILED"
@@ -87,6 +90,17 @@ def not_found(code: str, resource: str, field_name: str, resource_id: object) ->
     return ApplicationError(
         code, f"{resource} with id '{resource_id}' not found", 404,
         [ErrorDetail(field_name, "NOT_FOUND", "Resource does not exist")],
+    )
+
+
+def request_too_large() -> ApplicationError:
+    """请求体（JSON，或 multipart 里文件以外的字段）超过 RAG_MAX_REQUEST_BODY。"""
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return ApplicationError(
+        ErrorCode.PAYLOAD_TOO_LARGE, f"Request body exceeds the maximum size of {limit} bytes", 413,
+        [ErrorDetail(None, "TOO_LARGE", f"Maximum size is {limit} bytes (RAG_MAX_REQUEST_BODY)")],
     )
 
 
@@ -157,7 +171,7 @@ def _api_exception_response(exc: drf_exceptions.APIException) -> Response:
         headers["WWW-Authenticate"] = 'Bearer realm="ragservice"'
     wait = getattr(exc, "wait", None)
     if isinstance(exc, drf_exceptions.Throttled) and wait is not None:
-        headers["Retry-After"] = str(int(wait))
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
 
 
@@ -186,6 +200,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     from rest_framework.views import set_rollback
 
     set_rollback()
+    if isinstance(exc, RequestDataTooBig):
+        exc = request_too_large()
+    elif isinstance(exc, SuspiciousOperation):
+        # 表单字段或文件个数超限（TooManyFieldsSent / TooManyFilesSent）等：客户端的请求有问题
+        exc = drf_exceptions.ParseError(str(exc))
     if isinstance(exc, ApplicationError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=dict(exc.headers))
     if isinstance(exc, drf_exceptions.APIException):
@@ -208,27 +227,31 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 # ---------------------------------------------------------------- Django 层（非 DRF 视图）的处理器
 
 
-def _json_error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse(error_body(code, message), status=status, json_dumps_params={"ensure_ascii": False})
+def json_error_response(status: int, code: str, message: str, details: Sequence[ErrorDetail] = ()) -> JsonResponse:
+    """DRF 之外（Django 处理器、中间件）的统一错误响应。"""
+    return JsonResponse(error_body(code, message, details), status=status, json_dumps_params={"ensure_ascii": False})
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """未知路由。"""
-    return _json_error(404, ErrorCode.NOT_FOUND, f"No route matches {request.path}")
+    return json_error_response(404, ErrorCode.NOT_FOUND, f"No route matches {request.path}")
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    """Django 层的请求错误（如非法 Host 头）。"""
-    return _json_error(400, ErrorCode.VALIDATION_ERROR, "Bad request")
+    """Django 层的请求错误（如非法 Host 头、非 DRF 视图里超限的请求体）。"""
+    if isinstance(exception, RequestDataTooBig):
+        error = request_too_large()
+        return json_error_response(error.status, error.code, error.message, error.details)
+    return json_error_response(400, ErrorCode.VALIDATION_ERROR, "Bad request")
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Django 层的拒绝（如 CSRF 校验失败）。管理后台与检索调试页给人看，用 Django 的 HTML 403 页。"""
     if not is_api_path(request.path):
         return permission_denied(request, exception or PermissionDenied())
-    return _json_error(403, ErrorCode.PERMISSION_DENIED, "Forbidden")
+    return json_error_response(403, ErrorCode.PERMISSION_DENIED, "Forbidden")
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
     """中间件或非 DRF 视图里的未处理异常；堆栈已由 got_request_exception 的接收者记录。"""
-    return _json_error(500, ErrorCode.INTERNAL_ERROR, "Internal server error")
+    return json_error_response(500, ErrorCode.INTERNAL_ERROR, "Internal server error")

@@ -1,9 +1,13 @@
 """gunicorn 配置（由 manage.py serve 传入 --config）。"""
 
+import json
 import os
+import socket
+import uuid
 from typing import Any
 
 from django.conf import settings
+from gunicorn import util
 
 from ops.logging import logging_dict
 
@@ -11,6 +15,32 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
 
 # gunicorn 主进程自己的日志（启动、worker 重启）也输出为 JSON 行，级别与格式取自 RAG_LOG_*
 logconfig_dict = logging_dict(level=settings.LOG_LEVEL, fmt=settings.LOG_FORMAT)
+
+# 请求行与单个请求头的解析上限放宽到 gunicorn 允许的最大值附近：应用自己按 RAG_MAX_URL_LENGTH /
+# RAG_MAX_HEADER_BYTES 检查（更小），超限的请求因此得到带请求 ID 的统一错误格式（414 / 431）
+limit_request_line = 8190
+limit_request_field_size = 65536
+limit_request_fields = 200
+
+# gunicorn 在解析阶段拒绝的请求（超过上面的上限、非法请求行等）不经过 Django，原本回一个 HTML 页；
+# 这里把它写出的错误响应换成项目的统一错误格式。消息固定，不回显请求内容
+_FRONT_ERROR_CODES = {400: "VALIDATION_ERROR", 403: "PERMISSION_DENIED", 414: "URI_TOO_LONG",
+                      431: "HEADERS_TOO_LARGE", 500: "INTERNAL_ERROR"}
+
+
+def write_json_error(sock: socket.socket, status_int: int, reason: str, mesg: str) -> None:
+    """``gunicorn.util.write_error`` 的替身：同样的状态码与原因短语，响应体是统一错误格式的 JSON。"""
+    request_id = str(uuid.uuid4())
+    code = _FRONT_ERROR_CODES.get(status_int, "VALIDATION_ERROR" if status_int < 500 else "INTERNAL_ERROR")
+    body = json.dumps({"error": {"code": code, "message": reason, "request_id": request_id,
+                                 "details": []}}).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nX-Request-ID: {request_id}\r\n\r\n")
+    util.write_nonblock(sock, head.encode("latin1") + body)
+
+
+# worker 在 fork 前的主进程里载入本配置，之后按属性查找 util.write_error，所以替换对所有 worker 生效
+util.write_error = write_json_error
 
 
 def child_exit(server: Any, worker: Any) -> None:

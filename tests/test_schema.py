@@ -78,3 +78,58 @@ def test_schema_and_swagger_ui_are_served_offline():
 
 def test_migrations_are_in_sync():
     call_command("makemigrations", "--check", "--dry-run", stdout=io.StringIO())
+
+
+def _request_schema(schema: dict, path: str, method: str) -> dict:
+    content = schema["paths"][path][method]["requestBody"]["content"]
+    ref = next(iter(content.values()))["schema"]["$ref"]
+    return schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def _parameters(schema: dict, path: str, method: str) -> dict[str, dict]:
+    return {p["name"]: p["schema"] for p in schema["paths"][path][method].get("parameters", [])}
+
+
+def test_request_bodies_that_reject_unknown_fields_say_so(schema):
+    """StrictSerializer 拒绝未知字段，schema 用 additionalProperties: false 写明（含嵌套对象）。"""
+    requests = {name: body for name, body in schema["components"]["schemas"].items() if name.endswith("Request")}
+    assert requests
+    for name, body in requests.items():
+        assert body.get("additionalProperties") is False, name
+
+
+def test_enums_and_bounds_match_the_server(schema, settings):
+    patch = _request_schema(schema, "/knowledge_bases/{kb_id}", "patch")
+    status_enum = schema["components"]["schemas"][patch["properties"]["status"]["$ref"].rsplit("/", 1)[1]]
+    assert status_enum["enum"] == ["enabled", "disabled"]
+    search = _request_schema(schema, "/search", "post")["properties"]
+    assert (search["top_k"]["minimum"], search["top_k"]["maximum"]) == (1, settings.MAX_TOP_K)
+    assert (search["min_score"]["minimum"], search["min_score"]["maximum"]) == (0, 1)
+    for path in ("/knowledge_bases", "/knowledge_bases/{kb_id}/documents", "/knowledge_bases/{kb_id}/items"):
+        params = _parameters(schema, path, "get")
+        assert (params["page"]["minimum"], params["page"]["maximum"]) == (1, 1_000_000), path
+        assert (params["page_size"]["minimum"], params["page_size"]["maximum"]) == (1, settings.MAX_PAGE_SIZE), path
+    for path in ("/knowledge_bases", "/knowledge_bases/{kb_id}/documents"):
+        assert "pattern" in _parameters(schema, path, "get")["status"], path
+
+
+def test_string_fields_exclude_what_the_server_rejects(schema):
+    """DRF 的 CharField 拒绝 NUL；不允许空白的字段还拒绝全是空白的值——pattern 与之一致。"""
+    import re
+
+    search = _request_schema(schema, "/search", "post")["properties"]
+    query = re.compile(search["query"]["pattern"])
+    assert query.search("合同 条款") and not query.search("a\x00b") and not query.search("  \t")
+    description = re.compile(_request_schema(schema, "/knowledge_bases", "post")["properties"]["description"]
+                             ["oneOf"][0]["pattern"])
+    assert description.search("  ") and not description.search("\x00")
+    status = re.compile(_parameters(schema, "/knowledge_bases", "get")["status"]["pattern"])
+    assert status.search("enabled, deleted") and not status.search("enabled,") and not status.search("gone")
+
+
+def test_schema_maximum_follows_settings(settings):
+    settings.MAX_TOP_K = 7
+    out = io.StringIO()
+    call_command("spectacular", stdout=out)
+    search = yaml.safe_load(out.getvalue())["components"]["schemas"]["SearchRequestRequest"]["properties"]
+    assert search["top_k"]["maximum"] == 7

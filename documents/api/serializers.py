@@ -10,20 +10,30 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from documents.models import Document
-from ragservice.api import PageQuerySerializer, StrictSerializer, parse_status_list
+from ragservice.api import (
+    MAX_JSON_DEPTH,
+    JsonTooDeepError,
+    PageQuerySerializer,
+    StatusListField,
+    StrictSerializer,
+    json_loads_bounded,
+)
 
 
 @extend_schema_field(OpenApiTypes.STR)
 class _JsonObjectField(serializers.Field):
     """multipart 表单里的 JSON 对象字段（字符串形式）。"""
 
-    default_error_messages = {"invalid": "Must be a JSON object."}
+    default_error_messages = {"invalid": "Must be a JSON object.",
+                              "nesting_too_deep": f"JSON nesting must not exceed {MAX_JSON_DEPTH} levels."}
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict):
             return data
         try:
-            value = json.loads(data)
+            value = json_loads_bounded(data)
+        except JsonTooDeepError:
+            self.fail("nesting_too_deep")
         except (TypeError, ValueError):
             self.fail("invalid")
         if not isinstance(value, dict):
@@ -60,10 +70,8 @@ class DocumentUploadSerializer(StrictSerializer):
 
 
 class DocumentListQuerySerializer(PageQuerySerializer):
-    status = serializers.CharField(required=False)
-
-    def validate_status(self, value: str) -> list[str]:
-        return parse_status_list(value, Document.Status.values)
+    status = StatusListField(allowed=Document.Status.values, required=False,
+                             help_text="逗号分隔的状态，如 failed,processing")
 
 
 class DocumentAcceptedSerializer(serializers.Serializer):

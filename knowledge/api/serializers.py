@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from knowledge.models import CleanupTask, KnowledgeBase
-from ragservice.api import PageQuerySerializer, StrictSerializer, parse_status_list
+from ragservice.api import PageQuerySerializer, StatusListField, StrictSerializer
 
 
 def _name_field(required: bool) -> serializers.CharField:
@@ -24,8 +24,9 @@ class ChunkingSerializer(StrictSerializer):
 
     strategy = serializers.ChoiceField(choices=["token", "semantic", "recursive", "parent_child"], required=False)
     chunk_size = serializers.IntegerField(min_value=1, required=False)
-    overlap = serializers.IntegerField(min_value=0, required=False)
-    parent_size = serializers.IntegerField(min_value=1, required=False)
+    overlap = serializers.IntegerField(min_value=0, required=False, help_text="必须小于 chunk_size（跨字段约束，400）")
+    parent_size = serializers.IntegerField(min_value=1, required=False,
+                                           help_text="parent_child 策略下不得小于 chunk_size（跨字段约束，400）")
 
 
 class KnowledgeBaseCreateSerializer(StrictSerializer):
@@ -42,24 +43,19 @@ class KnowledgeBaseUpdateSerializer(StrictSerializer):
 
     name = _name_field(required=False)
     description = serializers.CharField(max_length=10000, required=False, allow_blank=True)
-    status = serializers.CharField(required=False)
-
-    def validate_status(self, value: str) -> str:
-        if value == KnowledgeBase.Status.DELETED:
-            raise serializers.ValidationError("Use DELETE /knowledge_bases/{id} to delete a knowledge base.")
-        if value not in (KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED):
-            raise serializers.ValidationError("Must be one of: enabled, disabled.")
-        return value
+    status = serializers.ChoiceField(
+        choices=[KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED], required=False,
+        error_messages={"invalid_choice": "Must be one of: enabled, disabled. "
+                                          "Use DELETE /knowledge_bases/{{id}} to delete a knowledge base."},
+    )
 
 
 class KnowledgeBaseListQuerySerializer(PageQuerySerializer):
     """status 可为单个状态或逗号分隔的多个；不传时列出 enabled 与 disabled。"""
 
     name_contains = serializers.CharField(max_length=255, required=False, allow_blank=True)
-    status = serializers.CharField(required=False)
-
-    def validate_status(self, value: str) -> list[str]:
-        return parse_status_list(value, KnowledgeBase.Status.values)
+    status = StatusListField(allowed=KnowledgeBase.Status.values, required=False,
+                             help_text="逗号分隔的状态，如 enabled,disabled")
 
 
 class KnowledgeBaseSerializer(serializers.ModelSerializer):

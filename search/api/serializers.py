@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from rest_framework import serializers
 
-from ragservice.api import StrictSerializer
+from ragservice.api import SettingBoundedIntegerField, StrictSerializer
 from search.retrieval import SearchFilters
 from search.services import MODES, SearchRequest
 
@@ -39,8 +38,8 @@ class SearchFiltersSerializer(StrictSerializer):
 class SearchRequestSerializer(StrictSerializer):
     query = serializers.CharField(max_length=4000, help_text="查询文本；\"…\" 为短语/精确匹配，OR、-词 为布尔查询")
     knowledge_base_id = serializers.CharField(max_length=64, help_text="知识库 id")
-    top_k = serializers.IntegerField(min_value=1, default=5,
-                                     help_text="返回条数，默认 5，上限 RAG_MAX_TOP_K（默认 20）")
+    top_k = SettingBoundedIntegerField(setting="MAX_TOP_K", min_value=1, default=5,
+                                       help_text="返回条数，默认 5，上限 RAG_MAX_TOP_K（默认 20）")
     mode = serializers.ChoiceField(choices=MODES, default="hybrid", help_text="hybrid（默认）、vector 或 fulltext")
     rerank = serializers.BooleanField(default=True, help_text="是否用重排序模型打分（RAG_RERANK_PROVIDER=none 时忽略）")
     return_parent = serializers.BooleanField(default=True, help_text="父子分块的知识库：是否返回父块文本")
@@ -51,16 +50,6 @@ class SearchRequestSerializer(StrictSerializer):
         required=False, allow_null=True, default=None, min_value=0.0, max_value=1.0,
         help_text="只返回 score 不低于此值的结果（0~1）。不重排时分数是校准过的相关概率，0.5 表示相关与不相关一样可能；"
                   "重排时是重排模型的 sigmoid 分数。不填则不过滤")
-
-    def validate_top_k(self, value: int) -> int:
-        if value > settings.MAX_TOP_K:
-            raise serializers.ValidationError(f"Ensure this value is less than or equal to {settings.MAX_TOP_K}.")
-        return value
-
-    def validate_query(self, value: str) -> str:
-        if "\x00" in value:
-            raise serializers.ValidationError("Query must not contain NUL characters.")
-        return value
 
     def to_request(self) -> SearchRequest:
         data = self.validated_data
