@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # 子进程启动后多久还没有任何消息也照样检查它是否还活着（秒）
 _POLL_SECONDS = 0.5
+# 子进程异常退出时记进日志的 stderr 末尾字节数
+_STDERR_TAIL_BYTES = 4000
 
 
 class SandboxFailure(ParseError):
@@ -94,11 +97,13 @@ class _Child:
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         env = {**os.environ, **_CHILD_ENV}
+        # 子进程的 stderr（崩溃时的堆栈、内存耗尽时的一串 MemoryError）先写进临时文件，异常退出时把末尾记进日志
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - 活得比子进程长，由 parse_isolated 关闭
         self.started = time.monotonic()
         self.process = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
             [sys.executable, "-m", "documents.sandbox", str(child_read), str(child_write), str(memory_limit)],
             cwd=_PROJECT_ROOT, env=env, pass_fds=(child_read, child_write), stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            stderr=self.stderr, start_new_session=True,
         )
         os.close(child_read)
         os.close(child_write)
@@ -150,8 +155,15 @@ class _Child:
         except ChildProcessError:
             return self.process.returncode or 0
         self.process.returncode = os.waitstatus_to_exitcode(status)
+        # 子进程是从 worker fork 出来再 exec 的，rusage 的峰值把 exec 之前共享的 worker 内存也算进去了，
+        # 只是上界；子进程正常结束时改用它自己报告的 VmHWM（exec 之后的新地址空间的峰值）
         self.max_rss_bytes = usage.ru_maxrss * 1024
         return self.process.returncode
+
+    def stderr_tail(self) -> str:
+        with self.stderr:
+            self.stderr.seek(max(self.stderr.seek(0, os.SEEK_END) - _STDERR_TAIL_BYTES, 0))
+            return self.stderr.read().decode("utf-8", "replace")
 
     def abandon(self) -> None:
         if self.process.poll() is None:
@@ -162,6 +174,7 @@ def parse_limits() -> ParseLimits:
     """settings 中的 RAG_INGEST_* 上限（子进程不读 settings，由父进程传入）。"""
     return ParseLimits(max_chars=settings.INGEST_MAX_CHARS, max_archive_member=settings.INGEST_MAX_ARCHIVE_MEMBER,
                        max_archive_total=settings.INGEST_MAX_ARCHIVE_TOTAL,
+                       max_archive_ratio=settings.INGEST_MAX_ARCHIVE_RATIO,
                        max_image_pixels=settings.INGEST_MAX_IMAGE_PIXELS)
 
 
@@ -186,9 +199,15 @@ def parse_isolated(path: Path, *, filename: str, ocr: OcrEngine | None, limits: 
         if reply is None:
             child.abandon()
         code = child.finish()
+        if reply is not None and reply.get("peak_rss"):
+            child.max_rss_bytes = int(reply["peak_rss"])
         seconds = time.monotonic() - child.started
         logger.info("parse_sandbox_finished", max_rss_mb=round(child.max_rss_bytes / 2**20, 1), exit_code=code,
                     duration_ms=round(seconds * 1000, 1), memory_limit_mb=round(memory_limit / 2**20))
+        if reply is None or code != 0:
+            logger.warning("parse_sandbox_stderr", exit_code=code, stderr=child.stderr_tail())
+        else:
+            child.stderr.close()
     if reply is None:
         # 解析库在 C 代码里分配失败时常常直接 abort / 段错误，而不是抛 MemoryError；同一个文件再试也一样
         raise SandboxFailure(
@@ -236,12 +255,22 @@ def _forward_logs(channel: _Channel) -> None:
     structlog.configure(processors=[forward])
 
 
+def peak_rss() -> int:
+    """本进程 exec 之后的峰值 RSS（字节，/proc/self/status 的 VmHWM）；读不到时为 0。"""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _child_main(read_fd: int, write_fd: int, memory_limit: int) -> None:
     import resource
 
     from PIL import Image
-
-    from documents.parsing import parse_document
 
     resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     # 像素上限由 ParseLimits 在解码前按文件头检查，并给出准确尺寸；Pillow 自己的检查会抢先抛出而拿不到尺寸
@@ -250,24 +279,27 @@ def _child_main(read_fd: int, write_fd: int, memory_limit: int) -> None:
     _forward_logs(channel)
     request = channel.recv()
     engine = _RemoteOcr(request["ocr"], channel) if request["ocr"] else None
+    channel.send({**_child_parse(request, engine), "peak_rss": peak_rss()})
+
+
+def _child_parse(request: dict[str, Any], engine: _RemoteOcr | None) -> dict[str, Any]:
+    from documents.parsing import parse_document
+
     try:
         parsed = parse_document(Path(request["path"]), filename=request["filename"], ocr=engine,
                                 limits=ParseLimits.from_dict(request["limits"]))
     except ParseError as exc:
-        channel.send({"type": "error", "message": exc.message, "permanent": exc.permanent})
-        return
+        return {"type": "error", "message": exc.message, "permanent": exc.permanent}
     except MemoryError:
-        channel.send({"type": "memory"})
-        return
+        return {"type": "memory"}
     except Exception as exc:  # 解析库的其他异常（RecursionError、KeyError……）：与原先同进程时一样按永久失败报告
-        channel.send({"type": "error", "message": f"Unexpected error while parsing ({type(exc).__name__}): {exc}",
-                      "permanent": True})
-        return
-    channel.send({
+        return {"type": "error", "message": f"Unexpected error while parsing ({type(exc).__name__}): {exc}",
+                "permanent": True}
+    return {
         "type": "result", "format": parsed.format, "ocr_engine": parsed.ocr_engine, "ocr_images": parsed.ocr_images,
         "ocr_skipped": parsed.ocr_skipped,
         "segments": [[s.text, s.page, s.sheet, s.slide] for s in parsed.segments],
-    })
+    }
 
 
 if __name__ == "__main__":

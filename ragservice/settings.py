@@ -219,6 +219,8 @@ INGEST_MAX_ARCHIVE_MEMBER = env_size("RAG_INGEST_MAX_ARCHIVE_MEMBER", 100 * 1024
                                      "ZIP 容器（DOCX/XLSX/PPTX/EPUB）单个成员解压后的大小上限，解压前按中央目录检查")
 INGEST_MAX_ARCHIVE_TOTAL = env_size("RAG_INGEST_MAX_ARCHIVE_TOTAL", 300 * 1024 * 1024,
                                     "ZIP 容器全部成员解压后的总大小上限（拒绝 ZIP 炸弹）")
+INGEST_MAX_ARCHIVE_RATIO = env_int("RAG_INGEST_MAX_ARCHIVE_RATIO", 100,
+                                  "ZIP 容器成员（解压后超过 1 MB 的）的压缩比上限", minimum=10)
 INGEST_MAX_IMAGE_PIXELS = env_int("RAG_INGEST_MAX_IMAGE_PIXELS", 50_000_000,
                                   "图片像素数上限（宽乘高）；图片文件超限即失败，文档内嵌图片超限则跳过不识别",
                                   minimum=1_000_000)
