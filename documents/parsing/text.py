@@ -240,15 +240,16 @@ def parse_html(path: Path, session: OcrSession) -> list[Segment]:
 
     嵌套超过 MAX_HTML_DEPTH 层的（畸形或恶意的）网页只取纯文字，保证时间线性。
     """
-    from bs4 import BeautifulSoup
-    from markitdown.converters import HtmlConverter
-
     decoded = decode_html(path.read_bytes())
     depth = html_depth(decoded)
     if depth > MAX_HTML_DEPTH:
         logger.warning("html_too_deep", depth=depth, limit=MAX_HTML_DEPTH)
         text = tidy(_flat_html_text(decoded))
         return [Segment(text=text)] if text else []
+
+    from bs4 import BeautifulSoup
+    from markitdown.converters import HtmlConverter
+
     soup = BeautifulSoup(decoded, "html.parser")
     title = soup.title.get_text().strip() if soup.title else ""
     _strip_boilerplate(soup)
