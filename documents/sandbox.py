@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,8 @@ _CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THRE
 _POLL_SECONDS = 0.5
 # 子进程异常退出时记进日志的 stderr 末尾字节数
 _STDERR_TAIL_BYTES = 4000
+# 子进程 CPU 时间上限比墙钟上限多出的秒数
+_CPU_SLACK_SECONDS = 5
 
 
 class SandboxFailure(ParseError):
@@ -92,7 +95,7 @@ def _megabytes(size: int) -> str:
 class _Child:
     """父进程一侧：启动子进程、应答 OCR 请求、转发日志、收结果、计量资源。"""
 
-    def __init__(self, *, memory_limit: int) -> None:
+    def __init__(self, *, memory_limit: int, timeout: float) -> None:
         self.memory_limit = memory_limit
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
@@ -100,10 +103,14 @@ class _Child:
         # 子进程的 stderr（崩溃时的堆栈、内存耗尽时的一串 MemoryError）先写进临时文件，异常退出时把末尾记进日志
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - 活得比子进程长，由 parse_isolated 关闭
         self.started = time.monotonic()
+        # CPU 时间上限是墙钟上限之外的兜底：worker 被 SIGKILL 时没人再来杀子进程，它最多再烧这么久 CPU。
+        # 子进程留在 worker 的进程组里，整组停止 worker 时它一起停止
+        cpu_limit = math.ceil(max(timeout, 1.0)) + _CPU_SLACK_SECONDS
         self.process = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
-            [sys.executable, "-m", "documents.sandbox", str(child_read), str(child_write), str(memory_limit)],
+            [sys.executable, "-m", "documents.sandbox", str(child_read), str(child_write), str(memory_limit),
+             str(cpu_limit)],
             cwd=_PROJECT_ROOT, env=env, pass_fds=(child_read, child_write), stdin=subprocess.DEVNULL,
-            stderr=self.stderr, start_new_session=True,
+            stderr=self.stderr,
         )
         os.close(child_read)
         os.close(child_write)
@@ -118,8 +125,8 @@ class _Child:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.process.kill()
-                raise SandboxFailure(f"Parsing took longer than the time limit of {timeout:.0f} s "
-                                     "(RAG_INGEST_TIMEOUT); the parser was stopped")
+                raise SandboxFailure(f"Parsing did not finish within the time limit ({timeout:.0f} s left of "
+                                     "RAG_INGEST_TIMEOUT); the parser was stopped")
             try:
                 if not self.channel.incoming.poll(min(remaining, _POLL_SECONDS)):
                     continue
@@ -188,7 +195,7 @@ def _parsed_from(message: dict[str, Any]) -> ParsedDocument:
 def parse_isolated(path: Path, *, filename: str, ocr: OcrEngine | None, limits: ParseLimits,
                    memory_limit: int, timeout: float) -> SandboxResult:
     """在子进程里 ``parse_document``；解析错误原样抛 ParseError，超时 / 超内存 / 崩溃抛 SandboxFailure。"""
-    child = _Child(memory_limit=memory_limit)
+    child = _Child(memory_limit=memory_limit, timeout=timeout)
     reply: dict[str, Any] | None = None
     try:
         reply = child.converse(
@@ -267,12 +274,13 @@ def peak_rss() -> int:
     return 0
 
 
-def _child_main(read_fd: int, write_fd: int, memory_limit: int) -> None:
+def _child_main(read_fd: int, write_fd: int, memory_limit: int, cpu_limit: int) -> None:
     import resource
 
     from PIL import Image
 
     resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_limit, cpu_limit))
     # 像素上限由 ParseLimits 在解码前按文件头检查，并给出准确尺寸；Pillow 自己的检查会抢先抛出而拿不到尺寸
     Image.MAX_IMAGE_PIXELS = None
     channel = _Channel(read_fd, write_fd)
@@ -303,4 +311,4 @@ def _child_parse(request: dict[str, Any], engine: _RemoteOcr | None) -> dict[str
 
 
 if __name__ == "__main__":
-    _child_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    _child_main(*(int(arg) for arg in sys.argv[1:5]))

@@ -198,6 +198,11 @@ def test_path_traversal_and_control_characters_in_file_names(client_rw, kb_facto
         assert stored.is_relative_to((Path(settings.DATA_DIR) / "files" / str(kb.id)).resolve())
 
 
+def test_parse_limits_defaults_match_the_settings():
+    """子进程不读 settings：ParseLimits 的默认值（直接调用 parse_document 时使用）与 RAG_INGEST_* 的默认值一致。"""
+    assert sandbox.parse_limits() == ParseLimits()
+
+
 def test_upload_filename_cleaning():
     from documents.uploads import upload_filename
     from ragservice.errors import ApplicationError
@@ -241,6 +246,6 @@ def test_memory_ceiling_stops_the_parser_cleanly(tmp_path, sandbox_runs):
 def test_wall_clock_limit_kills_the_parser(tmp_path):
     path = tmp_path / "a.txt"
     path.write_text("正文")
-    with pytest.raises(sandbox.SandboxFailure, match="time limit"):
+    with pytest.raises(sandbox.SandboxFailure, match="did not finish within the time limit"):
         sandbox.parse_isolated(path, filename="a.txt", ocr=None, limits=ParseLimits(), memory_limit=2 << 30,
                                timeout=0.05)
