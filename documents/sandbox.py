@@ -96,7 +96,6 @@ class _Child:
     """父进程一侧：启动子进程、应答 OCR 请求、转发日志、收结果、计量资源。"""
 
     def __init__(self, *, memory_limit: int, timeout: float) -> None:
-        self.memory_limit = memory_limit
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         env = {**os.environ, **_CHILD_ENV}
@@ -138,11 +137,11 @@ class _Child:
                 fields = message.get("fields") or {}
                 logger.log(int(message.get("level", 20)), str(message.get("event")), sandbox=True, **fields)
             elif kind == "ocr":
-                self._answer_ocr(ocr, str(message.get("where", "")))
+                self._answer_ocr(ocr)
             else:
                 return message
 
-    def _answer_ocr(self, ocr: OcrEngine | None, where: str) -> None:
+    def _answer_ocr(self, ocr: OcrEngine | None) -> None:
         image = self.channel.recv_raw()
         if ocr is None:
             self.channel.send({"error": "no OCR engine"})
@@ -155,7 +154,7 @@ class _Child:
         self.channel.send({"text": text})
 
     def finish(self) -> int:
-        """等子进程退出，取它的峰值 RSS（wait4 的 rusage，单位 KiB），返回退出码。"""
+        """等子进程退出，取 wait4 的 rusage 峰值 RSS（单位 KiB）作上界，返回退出码。"""
         self.channel.close()
         try:
             _, status, usage = os.wait4(self.process.pid, 0)
