@@ -30,8 +30,9 @@ from django.utils import timezone
 from documents.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
 from documents.models import Document, DocumentChunk
 from documents.options import chunking_options
-from documents.parsing import ParsedDocument, ParseError, get_ocr_engine, parse_document
+from documents.parsing import ParsedDocument, ParseError, get_ocr_engine
 from documents.parsing.base import Segment
+from documents.sandbox import parse_isolated, parse_limits
 from knowledge.models import KnowledgeBase
 from ops import metrics
 from ops.locks import advisory_lock, any_advisory_lock
@@ -154,7 +155,9 @@ def parse_step(run: Run) -> ParsedDocument:
     ocr = _TimedOcr(engine) if engine is not None else None
     with run.stage("parse"):
         try:
-            parsed = parse_document(path, filename=run.document.filename, ocr=ocr)
+            parsed = parse_isolated(path, filename=run.document.filename, ocr=ocr, limits=parse_limits(),
+                                    memory_limit=settings.INGEST_PARSE_MEMORY,
+                                    timeout=run.deadline - time.monotonic()).parsed
         except ParseError as exc:
             raise IngestionFailure("parse", str(exc), transient=not exc.permanent) from exc
     if ocr is not None and ocr.seconds:

@@ -16,6 +16,7 @@ from documents.models import Document
 from documents.options import chunking_options, options_dict
 from documents.parsing import UnsupportedFormatError, detect_format
 from documents.selectors import document_fetch
+from documents.uploads import upload_filename
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_unavailable, usable_knowledge_base
 from ops.auth import Principal, authorize_knowledge_base
@@ -64,6 +65,7 @@ def document_upload(
     chunking: dict[str, Any],
 ) -> Document:
     """登记上传的文档并入队摄取；格式按扩展名与内容双重判定（改了扩展名的二进制会被识破）。"""
+    filename = upload_filename(filename)
     upload.seek(0)
     head = upload.read(_HEAD_BYTES)
     try:

@@ -235,6 +235,19 @@ INGEST_MAX_RETRIES = env_int("RAG_INGEST_MAX_RETRIES", 3, "暂时性失败（模
                              minimum=0)
 INGEST_RETRY_BASE_SECONDS = env_int("RAG_INGEST_RETRY_BASE_SECONDS", 30, "摄取重试退避基数（秒，指数增长）",
                                     minimum=1)
+INGEST_MAX_CHARS = env_int("RAG_INGEST_MAX_CHARS", 10_000_000, "每个文档解析出的字符数上限，超过即失败",
+                           minimum=1000)
+INGEST_MAX_ARCHIVE_MEMBER = env_size("RAG_INGEST_MAX_ARCHIVE_MEMBER", 100 * 1024 * 1024,
+                                     "ZIP 容器（DOCX/XLSX/PPTX/EPUB）单个成员解压后的大小上限，解压前按中央目录检查")
+INGEST_MAX_ARCHIVE_TOTAL = env_size("RAG_INGEST_MAX_ARCHIVE_TOTAL", 300 * 1024 * 1024,
+                                    "ZIP 容器全部成员解压后的总大小上限（拒绝 ZIP 炸弹）")
+INGEST_MAX_ARCHIVE_RATIO = env_int("RAG_INGEST_MAX_ARCHIVE_RATIO", 100,
+                                  "ZIP 容器成员（解压后超过 1 MB 的）的压缩比上限", minimum=10)
+INGEST_MAX_IMAGE_PIXELS = env_int("RAG_INGEST_MAX_IMAGE_PIXELS", 50_000_000,
+                                  "图片像素数上限（宽乘高）；图片文件超限即失败，文档内嵌图片超限则跳过不识别",
+                                  minimum=1_000_000)
+INGEST_PARSE_MEMORY = env_size("RAG_INGEST_PARSE_MEMORY", 2 * 1024**3,
+                               "解析子进程的地址空间上限（RLIMIT_AS，可写 2GiB）；超过即以“超内存”失败")
 OCR_ENGINE = env_str("RAG_OCR_ENGINE", "auto", "OCR 引擎：auto 优先 rapidocr，其次 tesseract",
                      choices=("auto", "rapidocr", "tesseract", "none"))
 TOKENIZER = env_str("RAG_TOKENIZER", "", "分块用的 tokenizer：tokenizer.json 路径、含它的目录或 hub id；"

@@ -14,7 +14,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from documents.chunking._text import next_char_boundary, skip_space, trim_end
@@ -47,29 +48,30 @@ def recursive_split(
     return result
 
 
-def _pieces(text: str, start: int, end: int, separator: str) -> list[tuple[int, int]]:
-    """按分隔符把 ``[start, end)`` 切成相邻片段，分隔符留在前一段末尾。"""
+def _pieces(text: str, start: int, end: int, separator: str) -> Iterator[tuple[int, int]]:
+    """按分隔符把 ``[start, end)`` 切成相邻片段，分隔符留在前一段末尾。
+
+    逐个产出而不是先建列表：一行 10 MB 的文本按空格或逐字切开就是上百万个片段，
+    列表要占几百 MB；合并只需要当前块的那几个片段。
+    """
     if separator == "":
         # 逐"字符"切：不把组合附加符号、ZWJ emoji 序列拆开
-        chars = []
         pos = start
         while pos < end:
             nxt = next_char_boundary(text, pos, end)
-            chars.append((pos, nxt))
+            yield pos, nxt
             pos = nxt
-        return chars
-    pieces = []
+        return
     pos = start
     width = len(separator)
     while True:
         found = text.find(separator, pos, end)
         if found < 0:
             break
-        pieces.append((pos, found + width))
+        yield pos, found + width
         pos = found + width
     if pos < end:
-        pieces.append((pos, end))
-    return pieces
+        yield pos, end
 
 
 def _split(
@@ -91,34 +93,45 @@ def _split(
             separator = candidate
             rest = separators[index + 1 :]
             break
-    good: list[tuple[int, int]] = []
+    merger = _Merger(chunk_size, overlap, out)
     for piece in _pieces(text, start, end, separator):
         if piece[1] - piece[0] < chunk_size:
-            good.append(piece)
+            merger.add(piece)
             continue
-        if good:
-            _merge(good, chunk_size, overlap, out)
-            good = []
+        merger.flush()
         if rest:
             _split(text, piece[0], piece[1], rest, chunk_size, overlap, out)
         else:
             out.append(piece)
-    if good:
-        _merge(good, chunk_size, overlap, out)
+    merger.flush()
 
 
-def _merge(pieces: list[tuple[int, int]], chunk_size: int, overlap: int, out: list[tuple[int, int]]) -> None:
-    """LangChain ``_merge_splits`` 的区间版：片段相邻，所以块区间 = 首片段起点到末片段终点。"""
-    current: list[tuple[int, int]] = []
-    total = 0
-    for piece in pieces:
+class _Merger:
+    """LangChain ``_merge_splits`` 的区间版、逐片段进行：片段相邻，所以块区间 = 首片段起点到末片段终点。
+
+    连续的一串短片段依次 ``add``，遇到长片段或结束时 ``flush``；只保留当前块的片段。
+    """
+
+    def __init__(self, chunk_size: int, overlap: int, out: list[tuple[int, int]]) -> None:
+        self.chunk_size = chunk_size
+        self.overlap = overlap
+        self.out = out
+        self.current: deque[tuple[int, int]] = deque()
+        self.total = 0
+
+    def add(self, piece: tuple[int, int]) -> None:
         length = piece[1] - piece[0]
-        if total + length > chunk_size and current:
-            out.append((current[0][0], current[-1][1]))
-            while total > overlap or (total + length > chunk_size and total > 0):
-                total -= current[0][1] - current[0][0]
-                current.pop(0)
+        current = self.current
+        if self.total + length > self.chunk_size and current:
+            self.out.append((current[0][0], current[-1][1]))
+            while self.total > self.overlap or (self.total + length > self.chunk_size and self.total > 0):
+                first = current.popleft()
+                self.total -= first[1] - first[0]
         current.append(piece)
-        total += length
-    if current:
-        out.append((current[0][0], current[-1][1]))
+        self.total += length
+
+    def flush(self) -> None:
+        if self.current:
+            self.out.append((self.current[0][0], self.current[-1][1]))
+        self.current.clear()
+        self.total = 0

@@ -154,14 +154,16 @@ class TokenChunker:
         self.tokenizer = tokenizer
         self.layout = layout or MarkdownLayout.parse(text)
         self.breaks = BreakIndex(text, self.layout)
-        offsets = np.asarray(tokenizer.offsets(text), dtype=np.int64).reshape(-1, 2)
-        # 偏移理论上单调；取前缀最大值保证二分的前提成立（向量化，避免逐 token 的 Python 循环）
-        self.starts: list[int] = np.maximum.accumulate(offsets[:, 0]).tolist() if len(offsets) else []
-        self.ends: list[int] = np.maximum.accumulate(offsets[:, 1]).tolist() if len(offsets) else []
+        # 整篇的 token 偏移只以两列 int64 数组保存（约 16 字节/token），按窗口编码得到：
+        # 一次编码整篇 30 MB 文本，tokenizers 的 Encoding 与 Python 元组列表要占几个 GB
+        offsets = tokenizer.offsets_array(text)
+        # 偏移理论上单调；取前缀最大值保证二分的前提成立
+        self.starts = np.maximum.accumulate(offsets[:, 0]) if len(offsets) else offsets[:, 0]
+        self.ends = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
 
     def approx_count(self, start: int, end: int) -> int:
         """按整篇编码估计 ``[start, end)`` 的 token 数（与区间相交的 token 都算上）。"""
-        return bisect_left(self.starts, end) - bisect_right(self.ends, start)
+        return int(np.searchsorted(self.starts, end, "left")) - int(np.searchsorted(self.ends, start, "right"))
 
     def chunk(self, lo: int, hi: int, size: int, overlap: int) -> list[Piece]:
         """把 ``text[lo:hi]`` 切成每块 ≤ ``size`` token、相邻重叠 ≤ ``overlap`` token 的块。
@@ -215,13 +217,13 @@ class TokenChunker:
         budget -= 1
         if self.approx_count(start, hi) <= budget:
             return hi, END
-        first = bisect_right(self.ends, start)
+        first = int(np.searchsorted(self.ends, start, "right"))
         limit = first + budget
-        max_end = min(self.starts[limit], hi) if limit < len(self.starts) else hi
+        max_end = min(int(self.starts[limit]), hi) if limit < len(self.starts) else hi
         if max_end <= fresh:
             return None
         half = first + budget // 2
-        fill = min(self.starts[half], hi) if half < len(self.starts) else hi
+        fill = min(int(self.starts[half]), hi) if half < len(self.starts) else hi
         # 标题在整个窗口内都优先（哪怕块因此偏小），保证块不跨进下一节、heading_path 准确
         found = _latest(self.breaks.levels[HEADING], fresh, max_end)
         if found is not None:
@@ -245,9 +247,9 @@ class TokenChunker:
 
     def _latest_token(self, low: int, max_end: int, hi: int, *, strict: bool) -> int | None:
         """``(low, max_end]`` 内最靠后的 token 边界（归一到非空白字符）。"""
-        index = bisect_right(self.starts, max_end) - 1
+        index = int(np.searchsorted(self.starts, max_end, "right")) - 1
         while index >= 0 and self.starts[index] > low:
-            pos = skip_space(self.text, self.starts[index], hi)
+            pos = skip_space(self.text, int(self.starts[index]), hi)
             if (
                 low < pos <= max_end
                 and is_char_boundary(self.text, pos)
@@ -259,10 +261,10 @@ class TokenChunker:
 
     def _overlap_start(self, start: int, end: int, boundary: int, overlap: int) -> int:
         """下一块的起点（定义见模块说明）。"""
-        tokens_before_end = bisect_left(self.starts, end)
+        tokens_before_end = int(np.searchsorted(self.starts, end, "left"))
         # 估计的最早起点再往前放宽一个 token，由真实编码核对
         index = tokens_before_end - overlap - 2
-        low = max(start + 1, self.ends[index] if index >= 0 else 0)
+        low = max(start + 1, int(self.ends[index]) if index >= 0 else 0)
         last_heading = _latest(self.breaks.heading, start, end - 1)
         if last_heading is not None:
             low = max(low, last_heading)
@@ -294,9 +296,9 @@ class TokenChunker:
 
     def _from_tokens(self, low: int, end: int, *, strict: bool) -> list[int]:
         found: list[int] = []
-        index = bisect_left(self.starts, low)
+        index = int(np.searchsorted(self.starts, low, "left"))
         while index < len(self.starts) and self.starts[index] < end and len(found) < _MAX_OVERLAP_PROBES:
-            pos = skip_space(self.text, self.starts[index], end)
+            pos = skip_space(self.text, int(self.starts[index]), end)
             index += 1
             if pos < low or pos >= end or (found and pos <= found[-1]):
                 continue

@@ -3,7 +3,8 @@
 各格式的解析器只管“这里有一张图”，是否识别、识别失败怎么办都在这里统一决定：
 - 太小（任一边 < 32 像素）或几乎纯色的图是装饰（线条、图标、底纹），不算图片内容，也不识别；
 - 有值得识别的图但没有引擎 → ``skipped = True``，文字部分照常返回；
-- 引擎运行时抛异常 → 记警告、计入 ``failures``，这一张当作没识别出文字，整个文档继续。
+- 引擎运行时抛异常 → 记警告、计入 ``failures``，这一张当作没识别出文字，整个文档继续；
+- 像素超过 ``limits.max_image_pixels`` 的内嵌图片不解码（解压炸弹），计入 ``oversized`` 后跳过。
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from documents.parsing.limits import ParseLimits
 from documents.parsing.ocr import OcrEngine
 
 logger = structlog.get_logger(__name__)
@@ -41,7 +43,9 @@ class OcrSession:
     """一个文档解析过程中的 OCR 状态。"""
 
     engine: OcrEngine | None
+    limits: ParseLimits = field(default_factory=ParseLimits)
     images: int = 0
+    oversized: int = 0
     failures: int = 0
     skipped: bool = False
     attempted: bool = False
@@ -52,10 +56,33 @@ class OcrSession:
         """真正调用过的引擎名；没有图需要识别（或没有引擎）时为 None。"""
         return self.engine.name if self.engine is not None and self.attempted else None
 
-    def recognize_bytes(self, data: bytes, *, where: str) -> str:
-        """识别一张图片（文件字节）；不值得识别、无引擎或失败时返回空串。"""
+    def oversized_image(self, data: bytes, *, where: str) -> str | None:
+        """像素超限时返回写给维护者的说明，否则 None。只读文件头，不解码像素。"""
         from PIL import Image, UnidentifiedImageError
 
+        try:
+            with Image.open(io.BytesIO(data)) as picture:
+                width, height = picture.size
+        except Image.DecompressionBombError:
+            # Pillow 自己的解压炸弹保护（默认约 1.79 亿像素）在 open 时就抛出，拿不到尺寸；
+            # 解析子进程里关掉了它，由下面的检查给出准确尺寸
+            pillow_limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+            return self.limits.pixels_message(f"{where} has more than {pillow_limit / 1e6:.0f} M pixels")
+        except (UnidentifiedImageError, OSError, ValueError):
+            return None
+        if width * height <= self.limits.max_image_pixels:
+            return None
+        return self.limits.pixels_message(f"{where} is {width}x{height} = {width * height / 1e6:.0f} M pixels")
+
+    def recognize_bytes(self, data: bytes, *, where: str) -> str:
+        """识别一张图片（文件字节）；不值得识别、过大、无引擎或失败时返回空串。"""
+        from PIL import Image, UnidentifiedImageError
+
+        too_large = self.oversized_image(data, where=where)
+        if too_large is not None:
+            self.oversized += 1
+            logger.warning("ocr_image_too_large", where=where, error=too_large)
+            return ""
         try:
             with Image.open(io.BytesIO(data)) as picture:
                 picture.load()

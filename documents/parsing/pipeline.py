@@ -11,6 +11,7 @@ import structlog
 from documents.parsing.base import ParsedDocument, ParseError, Segment
 from documents.parsing.detect import detect_format
 from documents.parsing.ebook_mail import parse_epub, parse_msg
+from documents.parsing.limits import LimitExceeded, ParseLimits, is_zip
 from documents.parsing.ocr import OcrEngine
 from documents.parsing.ocr_session import OcrSession
 from documents.parsing.office import parse_docx, parse_pptx, parse_xls, parse_xlsx
@@ -29,8 +30,12 @@ class Parser(Protocol):
 
 
 def parse_image(path: Path, session: OcrSession) -> list[Segment]:
-    """PNG/JPG：整张图 OCR 成一个片段。"""
-    text = session.recognize_bytes(path.read_bytes(), where="image file")
+    """PNG/JPG：整张图 OCR 成一个片段；像素超限的图片直接失败（报“图片太大”，而不是“没识别出文字”）。"""
+    data = path.read_bytes()
+    too_large = session.oversized_image(data, where="the image file")
+    if too_large is not None:
+        raise LimitExceeded(too_large)
+    text = session.recognize_bytes(data, where="image file")
     return [Segment(text=text)] if text else []
 
 
@@ -61,18 +66,25 @@ def _no_text_error(fmt: str, session: OcrSession) -> ParseError:
         return ParseError(
             "No text could be extracted: the content is in images and no OCR engine is available "
             "(install rapidocr or tesseract with chi_sim, or check RAG_OCR_ENGINE)")
+    if session.oversized:
+        return ParseError(
+            f"No text could be extracted: {session.oversized} image(s) were skipped because they exceed the limit "
+            f"of {session.limits.max_image_pixels / 1e6:.0f} M pixels (RAG_INGEST_MAX_IMAGE_PIXELS)")
     if fmt in ("png", "jpg"):
         return ParseError("No text could be extracted: OCR found no text in the image")
     return ParseError("No text could be extracted from the file (it contains no text, or only images without text)")
 
 
-def parse_document(path: Path, *, filename: str, ocr: OcrEngine | None) -> ParsedDocument:
+def parse_document(path: Path, *, filename: str, ocr: OcrEngine | None,
+                   limits: ParseLimits | None = None) -> ParsedDocument:
     """解析一个文件为 Markdown 片段。
 
     ``filename`` 是用户上传时的文件名（扩展名参与格式判定；``path`` 可以是任意存储路径）。
     ``ocr`` 为 None 时不做 OCR：有图片内容则 ``ocr_skipped=True``，文字部分照常返回。
-    损坏、加密、空文件、（OCR 后）没有任何文字时抛 ParseError。
+    损坏、加密、空文件、（OCR 后）没有任何文字时抛 ParseError；超过 ``limits``（默认值见 ``ParseLimits``）
+    时抛 ``LimitExceeded``：ZIP 容器在解压前按中央目录检查，字符数在解析后检查。
     """
+    limits = limits or ParseLimits()
     started = time.perf_counter()
     try:
         size = path.stat().st_size
@@ -83,10 +95,13 @@ def parse_document(path: Path, *, filename: str, ocr: OcrEngine | None) -> Parse
     if size == 0:
         raise ParseError("The file is empty (0 bytes)")
     fmt = detect_format(head, filename)
-    session = OcrSession(engine=ocr)
+    if is_zip(path):
+        limits.check_archive(path)
+    session = OcrSession(engine=ocr, limits=limits)
     segments = tuple(segment for segment in PARSERS[fmt](path, session) if segment.text.strip())
     if not segments:
         raise _no_text_error(fmt, session)
+    limits.check_chars(sum(len(segment.text) for segment in segments))
     parsed = ParsedDocument(segments=segments, format=fmt, ocr_engine=session.engine_used,
                             ocr_images=session.images, ocr_skipped=session.skipped)
     logger.info("document_parsed", format=fmt, segments=len(segments), chars=sum(len(s.text) for s in segments),

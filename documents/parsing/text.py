@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from documents.parsing.base import Segment
 from documents.parsing.ocr_session import OcrSession
 
@@ -37,6 +39,8 @@ _BIG5_FAMILY = frozenset({"big5", "big5hkscs", "cp950"})
 
 # 中文排版常用的标点：弯引号、破折号、省略号、间隔号（CJK 标点区与全角区按码位范围判断）
 _CJK_PUNCTUATION = frozenset(chr(code) for code in (0x00B7, 0x2014, 0x2018, 0x2019, 0x201C, 0x201D, 0x2026))
+
+logger = structlog.get_logger(__name__)
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _MANY_BLANK_LINES = re.compile(r"\n{3,}")
@@ -163,7 +167,10 @@ def decode_html(data: bytes) -> str:
 
 def parse_txt(path: Path, session: OcrSession) -> list[Segment]:
     """TXT 与 Markdown：原样保留内容（Markdown 本身就是输出格式），只做解码和空白整理。"""
-    text = tidy(decode_text(path.read_bytes()))
+    decoded = decode_text(path.read_bytes())
+    # 解码后立即计数：超限的文本不再经过 tidy 的几轮正则（每轮都复制一份全文）
+    session.limits.check_chars(len(decoded))
+    text = tidy(decoded)
     return [Segment(text=text)] if text else []
 
 
@@ -197,12 +204,53 @@ def _strip_boilerplate(soup: Any) -> None:
         tag.decompose()
 
 
+# 超过这个嵌套深度的 HTML 不再保留结构：bs4 与 markdownify 的耗时随深度超线性增长（实测 2000 层约 3 s，
+# 十万层五分钟也转不完），真实网页很少超过一两百层
+MAX_HTML_DEPTH = 400
+_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9]*)\b[^<>]*?(/?)>")
+# 空元素与可省略结束标签的元素不计深度（<p>、<li> 不闭合的网页很常见，计入会误判）
+_FLAT_TAGS = frozenset({
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr",
+    "p", "li", "dt", "dd", "tr", "td", "th", "option", "optgroup", "thead", "tbody", "tfoot", "colgroup",
+    "caption", "rt", "rp", "html", "head", "body",
+})
+_SCRIPT_OR_STYLE = re.compile(r"<(script|style)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
+
+
+def html_depth(html: str) -> int:
+    """标签的最大嵌套深度（一遍线性扫描）。"""
+    depth = deepest = 0
+    for match in _TAG.finditer(html):
+        if match.group(3) or match.group(2).lower() in _FLAT_TAGS:
+            continue
+        depth = max(depth - 1, 0) if match.group(1) else depth + 1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _flat_html_text(html: str) -> str:
+    """去掉全部标签只留文字（线性）：嵌套过深的 HTML 用它代替结构化转换。"""
+    import html as html_module
+
+    return html_module.unescape(_TAG.sub("\n", _SCRIPT_OR_STYLE.sub("", html)))
+
+
 def parse_html(path: Path, session: OcrSession) -> list[Segment]:
-    """HTML：去掉导航等样板，优先只取唯一的 <main>，再用 markitdown 转 Markdown（保留标题、列表、表格）。"""
+    """HTML：去掉导航等样板，优先只取唯一的 <main>，再用 markitdown 转 Markdown（保留标题、列表、表格）。
+
+    嵌套超过 MAX_HTML_DEPTH 层的（畸形或恶意的）网页只取纯文字，保证时间线性。
+    """
+    decoded = decode_html(path.read_bytes())
+    depth = html_depth(decoded)
+    if depth > MAX_HTML_DEPTH:
+        logger.warning("html_too_deep", depth=depth, limit=MAX_HTML_DEPTH)
+        text = tidy(_flat_html_text(decoded))
+        return [Segment(text=text)] if text else []
+
     from bs4 import BeautifulSoup
     from markitdown.converters import HtmlConverter
 
-    soup = BeautifulSoup(decode_html(path.read_bytes()), "html.parser")
+    soup = BeautifulSoup(decoded, "html.parser")
     title = soup.title.get_text().strip() if soup.title else ""
     _strip_boilerplate(soup)
     mains = soup.select('main, [role="main"]')
