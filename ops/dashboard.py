@@ -118,8 +118,7 @@ def _cleanups_in_progress() -> list[CleanupProgress]:
 
 def dashboard_figures(*, now: datetime | None = None) -> Dashboard:
     """管理后台首页的全部数字（约七次查询，与知识库数量无关）。"""
-    from django_q.conf import Conf
-    from django_q.models import OrmQ
+    from django_q.brokers import get_broker
 
     now = now or timezone.now()
     failures, failures_total = _recent_failures(now - FAILURE_WINDOW)
@@ -131,7 +130,7 @@ def dashboard_figures(*, now: datetime | None = None) -> Dashboard:
         failures_total=failures_total,
         waiting=processing["waiting"],
         ingesting=processing["ingesting"],
-        # lock 晚于现在的是已被 worker 取走、正在执行的
-        queued_tasks=OrmQ.objects.filter(key=Conf.PREFIX, lock__lte=now).count(),
+        # 问当前的 broker：ORM 队列里 lock 晚于现在的是已被 worker 取走、正在执行的，不算排队；Redis 是列表长度
+        queued_tasks=get_broker().queue_size(),
         cleanups=_cleanups_in_progress(),
     )

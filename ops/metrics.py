@@ -53,6 +53,7 @@ QUERY_EMBEDDING_CACHE = Counter("query_embedding_cache_requests_total", "查询�
 CLEANUP_TASKS = Counter("cleanup_tasks_total", "知识库清理任务结束计数", ["status"])
 CLEANUP_RETRIES = Counter("cleanup_task_retries_total", "清理任务自动重试次数")
 STALE_TASKS_REQUEUED = Counter("stale_tasks_requeued_total", "孤儿任务被重新入队的次数", ["kind"])
+REPLICA_FALLBACKS = Counter("database_replica_fallbacks_total", "只读副本连不上、检索退回主库的次数")
 
 # 预先创建标签组合，使从未发生过的结果也以 0 出现，PromQL 的 rate() 不会缺数据
 for _status in ("completed", "failed"):

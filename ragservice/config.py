@@ -175,6 +175,22 @@ def database_from_url(url: str) -> dict[str, Any]:
     }
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def env_redis_url() -> str:
+    """``RAG_REDIS_URL``：后台队列（django-q2 broker）以及其他需要跨进程共享状态的功能共用的 Redis。
+
+    只在这里登记与校验，各处都读 ``settings.REDIS_URL``。空串表示不用 Redis（队列走数据库）。
+    写错 scheme 直接启动失败而不是回退：回退会让一部分机器悄悄改走数据库队列，web 入队的任务没人取。
+    """
+    url = env_str("RAG_REDIS_URL", "", "Redis 地址（redis://host:6379/0、rediss://…、unix:///path）；设置后 "
+                  "django-q2 改用 Redis 作为任务队列，worker 可分布在多台机器上；不设置则队列放在数据库里")
+    if url and urlsplit(url).scheme not in REDIS_SCHEMES:
+        raise ImproperlyConfigured(f"RAG_REDIS_URL must start with one of {', '.join(REDIS_SCHEMES)}://")
+    return url
+
+
 def ensure_dir(path: Path) -> Path:
     """创建目录（含父目录）并返回绝对路径。"""
     path = path.expanduser().resolve()

@@ -13,6 +13,7 @@ from ragservice.config import (
     env_bool,
     env_float,
     env_int,
+    env_redis_url,
     env_secret,
     env_size,
     env_str,
@@ -112,6 +113,20 @@ TEMPLATES = [
 HNSW_EF_SEARCH = env_int("RAG_HNSW_EF_SEARCH", 40, "查询时 hnsw.ef_search", minimum=1, maximum=1000)
 
 
+def _connection_options(db: dict[str, object]) -> dict[str, object]:
+    """主库与只读副本共用的连接参数。"""
+    options = db["OPTIONS"]
+    assert isinstance(options, dict)
+    # 每个连接都带上 ef_search；vector 扩展加载前该 GUC 只是占位变量，PostgreSQL 允许先设置
+    options["options"] = f"{options.get('options', '')} -c hnsw.ef_search={HNSW_EF_SEARCH}".strip()
+    db["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
+    db["CONN_HEALTH_CHECKS"] = True
+    return db
+
+
+DB_CONN_MAX_AGE = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
+
+
 def _database() -> dict[str, object]:
     url = env_str("RAG_DATABASE_URL", "", "PostgreSQL(>=15, pgvector>=0.7) 连接 URL；不设置则在 "
                   "RAG_DATA_DIR 下自动启动内嵌 PostgreSQL")
@@ -125,17 +140,36 @@ def _database() -> dict[str, object]:
 
         db = {"ENGINE": "ragservice.embedded_backend", "NAME": DATABASE_NAME, "USER": "", "PASSWORD": "",
               "HOST": "", "PORT": "", "OPTIONS": {}, DATA_DIR_KEY: str(DATA_DIR)}
-    options = db["OPTIONS"]
-    assert isinstance(options, dict)
-    # 每个连接都带上 ef_search；vector 扩展加载前该 GUC 只是占位变量，PostgreSQL 允许先设置
-    options["options"] = f"{options.get('options', '')} -c hnsw.ef_search={HNSW_EF_SEARCH}".strip()
-    db["CONN_MAX_AGE"] = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
-    db["CONN_HEALTH_CHECKS"] = True
+    db = _connection_options(db)
     db["TEST"] = {"NAME": f"test_{db['NAME']}"}
     return db
 
 
+def _replica() -> dict[str, object] | None:
+    """只读副本：检索的读（search.retrieval）走它，其余读写与迁移都在主库（见 ragservice.routers）。"""
+    url = env_str("RAG_DATABASE_REPLICA_URL", "", "PostgreSQL 只读副本（流复制备库）的连接 URL；设置后检索的 SQL "
+                  "走副本，写入、事务与其他读取仍走主库；副本连不上时自动退回主库")
+    if not url:
+        return None
+    db = _connection_options(database_from_url(url))
+    options = db["OPTIONS"]
+    assert isinstance(options, dict)
+    # 副本宕机或网络黑洞时尽快放弃、退回主库，而不是让检索卡在 TCP 重连上
+    options.setdefault("connect_timeout", str(REPLICA_CONNECT_TIMEOUT))
+    # 测试里副本就是主库本身（不另建测试库）
+    db["TEST"] = {"MIRROR": "default"}
+    return db
+
+
+REPLICA_CONNECT_TIMEOUT = env_int("RAG_DATABASE_REPLICA_CONNECT_TIMEOUT", 2,
+                                  "连接只读副本的超时秒数（URL 里的 connect_timeout 优先）", minimum=1)
+REPLICA_RETRY_SECONDS = env_float("RAG_DATABASE_REPLICA_RETRY_SECONDS", 30.0,
+                                  "只读副本连不上后，多少秒内检索直接走主库、不再尝试副本", minimum=0.0)
 DATABASES = {"default": _database()}
+_REPLICA = _replica()
+if _REPLICA is not None:
+    DATABASES["replica"] = _REPLICA
+DATABASE_ROUTERS = ["ragservice.routers.PrimaryReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -211,9 +245,9 @@ REDIS_URL = env_str("RAG_REDIS_URL", "", "限流令牌桶放在 Redis（如 redi
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
 TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)
+REDIS_URL = env_redis_url()
 Q_CLUSTER = {
     "name": "ragservice",
-    "orm": "default",
     "workers": env_int("RAG_QUEUE_WORKERS", 2, "django-q2 worker 进程数", minimum=1),
     "timeout": TASK_TIMEOUT,
     # 代理重投递必须晚于超时，否则同一任务会并行跑两份
@@ -226,6 +260,12 @@ Q_CLUSTER = {
     "save_limit": 1000,
     "sync": env_bool("RAG_QUEUE_SYNC", False, "在当前进程内同步执行后台任务（测试/调试用）"),
 }
+if REDIS_URL:
+    # Redis 队列：worker 可以分布在多台机器上，入队/取任务不占数据库连接。Redis 的 BLPOP 取走即删，没有
+    # ORM broker 那样的超时重投递；被杀 worker 手里的任务由数据库里的任务行 + 回收器（ops.tasks）重新入队
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
 
 # ---------------------------------------------------------------- 文档摄取
 MAX_DOCUMENT_SIZE = env_size("RAG_MAX_DOCUMENT_SIZE", 50 * 1024 * 1024, "上传文件大小上限（字节，可写 50MB）")

@@ -4,7 +4,8 @@
 #
 #   bash scripts/bootstrap.sh          运行所需：tesseract-ocr tesseract-ocr-chi-sim
 #   bash scripts/bootstrap.sh --test   另加测试所需：chromium chromium-driver（无头浏览器测试与截图）、
-#                                      fonts-wqy-zenhei（测试生成的图片与截图里的中文）
+#                                      fonts-wqy-zenhei（测试生成的图片与截图里的中文）、
+#                                      redis-server（2 web + 2 worker 经 Redis 队列的多进程测试）
 #
 # 每一步只打印一行；apt 与 pip 的完整输出写到 var/log/bootstrap.log，失败时打印其末尾。
 set -euo pipefail
@@ -12,7 +13,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 RUN_PACKAGES=(tesseract-ocr tesseract-ocr-chi-sim)
-TEST_PACKAGES=(chromium chromium-driver fonts-wqy-zenhei)
+TEST_PACKAGES=(chromium chromium-driver fonts-wqy-zenhei redis-server)
 APT_PACKAGES=("${RUN_PACKAGES[@]}")
 if [[ "${1:-}" == "--test" ]]; then
     APT_PACKAGES+=("${TEST_PACKAGES[@]}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
+from ragservice.routers import search_connection
 from search.fulltext import QueryTerm, chunk_titles, document_terms
 
 # 只统计可检索的分块；与触发器里的条件一致
@@ -144,7 +145,7 @@ def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> tuple[int, 
     """(分块数 N, 平均词数 avgdl, {(词位, 前缀?): df})。前缀词的 df 取以它开头的各词位 df 之和（上限 N）。"""
     exact = [t.lexeme for t in terms if not t.prefix]
     prefixes = [t.lexeme for t in terms if t.prefix]
-    with connection.cursor() as cursor:
+    with search_connection().cursor() as cursor:
         cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
                        [kb_id])
         row = cursor.fetchone()

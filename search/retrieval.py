@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from documents.models import SUPPORTED_DIMENSIONS, Document
 from knowledge.models import KnowledgeBase
+from ragservice.routers import search_connection
 from search import bm25
 from search.fulltext import ParsedQuery
 
@@ -90,7 +91,7 @@ def _scope_sql(kb: KnowledgeBase, filters: SearchFilters) -> tuple[str, list[Any
 
 def searchable_chunk_estimate(kb: KnowledgeBase) -> int:
     """知识库可检索分块数的估计（completed 文档的 chunk_count 之和，含父块）：读文档表，几毫秒内完成。"""
-    with connection.cursor() as cursor:
+    with search_connection().cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s AND status = %s",
             [kb.id, Document.Status.COMPLETED],
@@ -132,7 +133,8 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
             f" ORDER BY distance LIMIT %s"
         )
     args = [literal, *params, limit] if not exact else [*params, literal, limit]
-    with transaction.atomic(), connection.cursor() as cursor:
+    conn = search_connection()  # 有只读副本时走副本（ragservice.routers）
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
         if not exact:
             # SET LOCAL 只在本事务内生效，不影响连接上的其他查询
             cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
@@ -195,7 +197,7 @@ def _ts_rank_cd_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFil
         f" WHERE c.search_vector @@ q.query AND {scope}"
         " ORDER BY rank DESC, c.id LIMIT %s"
     )
-    with connection.cursor() as cursor:
+    with search_connection().cursor() as cursor:
         cursor.execute(sql, [query.tsquery, query.rank_tsquery or query.tsquery, *params, limit])
         rows = cursor.fetchall()
     return [PathHit(int(chunk_id), float(rank)) for chunk_id, rank in rows]
@@ -258,7 +260,7 @@ def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, sc
     )
     args = [*scoring_args, *([shortlist] if shortlist else []), *scope_params,
             *([query.tsquery] if must else []), limit]
-    with connection.cursor() as cursor:
+    with search_connection().cursor() as cursor:
         cursor.execute(sql, args)
         return list(cursor.fetchall())
 
@@ -267,7 +269,7 @@ def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
     """一次读出命中分块的文本、元数据与所属文档。"""
     if not chunk_ids:
         return {}
-    with connection.cursor() as cursor:
+    with search_connection().cursor() as cursor:
         cursor.execute(
             "SELECT c.id, c.document_id, c.chunk_index, c.chunk_text, d.filename, c.metadata, c.role, c.parent_id,"
             " d.created_at FROM document_chunks c JOIN documents d ON d.id = c.document_id WHERE c.id = ANY(%s)",
@@ -287,7 +289,7 @@ def load_parents(parent_ids: Sequence[int]) -> dict[int, tuple[str, dict[str, An
     """父块 id → (文本, 元数据)。"""
     if not parent_ids:
         return {}
-    with connection.cursor() as cursor:
+    with search_connection().cursor() as cursor:
         cursor.execute("SELECT id, chunk_text, metadata FROM document_chunks WHERE id = ANY(%s)", [list(parent_ids)])
         return {int(pid): (text, _as_dict(meta)) for pid, text, meta in cursor.fetchall()}
 
