@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,95 +12,22 @@ from typing import Any
 
 import pytest
 import requests
-from django.conf import settings
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from knowledge.models import KnowledgeBase
-from tests import workers
-from tests.workers import ROOT, wait_for
+from tests.workers import GunicornServer, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WORKERS = 3
 HEALTH_REQUESTS = 60
 NOT_FOUND_REQUESTS = 5
-COUNTER_FILE = re.compile(r"^counter_(\d+)\.db$")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class GunicornServer:
-    """与 ``manage.py serve`` 的 ``_start_web`` 相同的 gunicorn 命令行，独立进程组。"""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.metrics_dir = tmp_path / "prometheus"
-        self.metrics_dir.mkdir()
-        self.log_path = tmp_path / "gunicorn.log"
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "ragservice.settings",
-            # 函数名以 test_ 开头，经模块访问以免被 pytest 当成测试收集
-            "RAG_DATABASE_URL": workers.test_database_url(),
-            "RAG_SECRET_KEY": settings.SECRET_KEY,
-            "RAG_DATA_DIR": str(tmp_path / "data"),
-            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
-            "RAG_AUTH_ENABLED": "false",
-            "RAG_LOG_LEVEL": "info",
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> GunicornServer:
-        command = [
-            sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
-            "--config", str(ROOT / "ragservice" / "gunicorn_conf.py"),
-            "--bind", f"127.0.0.1:{self.port}",
-            "--workers", str(WORKERS),
-            "--threads", "2",
-            "--worker-class", "gthread",
-            "--timeout", "120",
-            "--graceful-timeout", "20",
-        ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
-
-    def counter_files_by_pid(self) -> dict[int, Path]:
-        files = {}
-        for path in self.metrics_dir.iterdir():
-            match = COUNTER_FILE.match(path.name)
-            if match:
-                files[int(match.group(1))] = path
-        return files
-
-    def get(self, path: str, **kwargs: Any) -> requests.Response:
-        # 每次新建连接（Connection: close），让请求落到不同的 worker 上
-        return requests.get(self.base + path, headers={"Connection": "close"}, timeout=10, **kwargs)
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[GunicornServer]:
-    srv = GunicornServer(tmp_path).start()
+    srv = GunicornServer(tmp_path, workers=WORKERS).start()
     try:
         yield srv
     finally:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+import requests
 from django.conf import settings
 from django.db import connection
 
@@ -73,6 +77,83 @@ class WorkerCluster:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+COUNTER_FILE = re.compile(r"^counter_(\d+)\.db$")
+
+
+class GunicornServer:
+    """与 ``manage.py serve`` 的 ``_start_web`` 相同的 gunicorn 命令行，独立进程组。
+
+    ``name`` 区分同一测试里的几个服务器（各自的指标目录与日志，相当于负载均衡后面的几台 web 机器）。
+    """
+
+    def __init__(self, tmp_path: Path, *, workers: int, name: str = "gunicorn", **env: str) -> None:
+        self.workers = workers
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.metrics_dir = tmp_path / f"{name}-prometheus"
+        self.metrics_dir.mkdir()
+        self.log_path = tmp_path / f"{name}.log"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "ragservice.settings",
+            "RAG_DATABASE_URL": test_database_url(),
+            "RAG_SECRET_KEY": settings.SECRET_KEY,
+            "RAG_DATA_DIR": str(tmp_path / "data"),
+            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
+            "RAG_AUTH_ENABLED": "false",
+            "RAG_LOG_LEVEL": "info",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> GunicornServer:
+        command = [
+            sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
+            "--config", str(ROOT / "ragservice" / "gunicorn_conf.py"),
+            "--bind", f"127.0.0.1:{self.port}",
+            "--workers", str(self.workers),
+            "--threads", "2",
+            "--worker-class", "gthread",
+            "--timeout", "120",
+            "--graceful-timeout", "20",
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
+
+    def counter_files_by_pid(self) -> dict[int, Path]:
+        files = {}
+        for path in self.metrics_dir.iterdir():
+            match = COUNTER_FILE.match(path.name)
+            if match:
+                files[int(match.group(1))] = path
+        return files
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        # 每次新建连接（Connection: close），让请求落到不同的 worker 上
+        return requests.get(self.base + path, headers={"Connection": "close"}, timeout=10, **kwargs)
 
 
 def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.2, what: str = "") -> None:
