@@ -35,14 +35,9 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
-os.environ.setdefault("RAG_LOG_LEVEL", "warning")
+from django_setup import setup_django
 
-import django  # noqa: E402
-
-django.setup()
+ROOT = setup_django()
 
 import requests  # noqa: E402
 from django.db import connection  # noqa: E402
