@@ -185,7 +185,7 @@ def env_redis_url() -> str:
     写错 scheme 直接启动失败而不是回退：回退会让一部分机器悄悄改走数据库队列，web 入队的任务没人取。
     """
     url = env_str("RAG_REDIS_URL", "", "Redis 地址（redis://host:6379/0、rediss://…、unix:///path）；设置后 "
-                  "django-q2 改用 Redis 作为任务队列，worker 可分布在多台机器上；不设置则队列放在数据库里")
+                  "django-q2 任务队列（worker 可分布在多台机器上）与限流令牌桶都放在 Redis；不设置则都放在 PostgreSQL")
     if url and urlsplit(url).scheme not in REDIS_SCHEMES:
         raise ImproperlyConfigured(f"RAG_REDIS_URL must start with one of {', '.join(REDIS_SCHEMES)}://")
     return url

@@ -241,11 +241,11 @@ RATE_LIMIT_AUTH_FAILURE_RATE = env_float("RAG_RATE_LIMIT_AUTH_FAILURE_RATE", 0.2
                                          "每个客户端 IP 每秒补充的认证失败次数", minimum=0.001)
 RATE_LIMIT_AUTH_FAILURE_BURST = env_int("RAG_RATE_LIMIT_AUTH_FAILURE_BURST", 20,
                                         "每个客户端 IP 连续认证失败多少次后回 429", minimum=1)
-REDIS_URL = env_str("RAG_REDIS_URL", "", "限流令牌桶放在 Redis（如 redis://localhost:6379/0）；不设置则放在 PostgreSQL")
+# 限流令牌桶与 django-q2 任务队列共用同一个 Redis（ragservice.config 里唯一一处解析与校验）
+REDIS_URL = env_redis_url()
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
 TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)
-REDIS_URL = env_redis_url()
 Q_CLUSTER = {
     "name": "ragservice",
     "workers": env_int("RAG_QUEUE_WORKERS", 2, "django-q2 worker 进程数", minimum=1),
