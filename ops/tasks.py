@@ -4,7 +4,8 @@ worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“�
 的任务行。这里每分钟扫描一次（在快队列上执行，不排在长摄取后面）：
 - 清理任务：超过 RAG_STALE_TASK_SECONDS 无进展、且没有执行者持有其 advisory lock 的，重新入队
   （清理按批删除、幂等，即使数据库重启释放了锁、两个执行者短暂并存，也只是删同一批行）；
-- 文档：租约过期未续的，收回租约后重新入队或置为失败（见 reap_stale_documents）。
+- 文档：租约过期未续的，收回租约后重新入队或置为失败（见 reap_stale_documents）；
+  超过 RAG_STALE_TASK_SECONDS 还没人开始处理的，再入队一次（见 requeue_waiting_documents）。
 """
 
 from __future__ import annotations
@@ -114,12 +115,41 @@ def _fail_dead_document(document: Document, deaths: int) -> None:
                  worker_deaths=deaths)
 
 
+def requeue_waiting_documents(*, stale_after: timedelta) -> list[str]:
+    """等了 stale_after 还没有 worker 开始处理的文档（没有租约、未安排重试）再入队一次。
+
+    worker 从代理取走任务后、开始处理前被杀，任务要等代理的重投递（RAG_TASK_TIMEOUT + 60 秒）才会回来；
+    这里让它们早些回到队列。重复入队无害：先到的那份处理文档，后到的看到已完成或租约在手就跳过。
+    """
+    from django_q.tasks import async_task
+
+    from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
+
+    cutoff = timezone.now() - stale_after
+    candidates = Document.objects.filter(
+        Q(status=Document.Status.PROCESSING) | Q(reindex_status=Document.Reindex.QUEUED),
+        lease_owner="", stage="", updated_at__lt=cutoff,
+    ).filter(Q(next_retry_at__isnull=True) | Q(next_retry_at__lt=cutoff))
+    requeued = []
+    for document in candidates:
+        # 先刷新 updated_at：队列积压时不至于每分钟重复入队
+        Document.objects.filter(pk=document.pk).update(updated_at=timezone.now())
+        async_task(INGEST_TASK_FUNC, str(document.id), attempt=max(document.attempts, 1),
+                   request_id=document.request_id or None, cluster=ingestion_queue(document))
+        metrics.STALE_TASKS_REQUEUED.labels(kind="ingestion").inc()
+        logger.warning("waiting_document_requeued", document_id=str(document.id))
+        requeued.append(str(document.id))
+    return requeued
+
+
 def reap_stale_tasks() -> None:
     """django-q2 每分钟调度的入口。"""
     with task_context("reap_stale_tasks", None):
-        cleanups = requeue_stale_cleanups(stale_after=timedelta(seconds=settings.STALE_TASK_SECONDS))
+        stale_after = timedelta(seconds=settings.STALE_TASK_SECONDS)
+        cleanups = requeue_stale_cleanups(stale_after=stale_after)
         # 文档有租约：租约过期本身就说明执行者已死，不必再等 RAG_STALE_TASK_SECONDS
         documents = reap_stale_documents(stale_after=timedelta(0))
+        documents += requeue_waiting_documents(stale_after=stale_after)
         if cleanups or documents:
             logger.info("stale_tasks_reaped", cleanup_tasks=len(cleanups), documents=len(documents))
         else:

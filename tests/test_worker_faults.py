@@ -202,6 +202,29 @@ def test_small_uploads_and_cleanup_go_to_the_fast_queue(client_rw, kb_factory, r
                       ("knowledge.tasks.run_cleanup", "ragservice-fast")]
 
 
+def test_reaper_requeues_documents_nobody_started(kb_factory, monkeypatch):
+    """worker 取走任务后、开始处理前被杀：文档没有租约也没有阶段，等久了就再入队一次。"""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ops.tasks import requeue_waiting_documents
+
+    queued: list[tuple[Any, ...]] = []
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append((args, kwargs)))
+    kb = kb_factory()
+    forgotten = Document.objects.create(knowledge_base=kb, filename="a.md", attempts=1)
+    fresh = Document.objects.create(knowledge_base=kb, filename="b.md")
+    retrying = Document.objects.create(knowledge_base=kb, filename="c.md", attempts=1,
+                                       next_retry_at=timezone.now() + timedelta(minutes=1))
+    Document.objects.filter(pk__in=[forgotten.pk, retrying.pk]).update(
+        updated_at=timezone.now() - timedelta(minutes=10))
+    assert requeue_waiting_documents(stale_after=timedelta(minutes=5)) == [str(forgotten.id)]
+    assert queued[0][1]["attempt"] == 1 and fresh.pk != forgotten.pk
+    # updated_at 已刷新：下一分钟不会再入队
+    assert requeue_waiting_documents(stale_after=timedelta(minutes=5)) == []
+
+
 def test_reaper_schedule_runs_on_the_fast_queue(db):
     assert Schedule.objects.get(name="ops.reap_stale_tasks").cluster == "ragservice-fast"
 

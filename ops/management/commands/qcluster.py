@@ -4,15 +4,14 @@
   日志里中文句子与我们的英文事件名混在一起，既不好读也不好检索。哨兵、监视器与 worker 进程都由本进程
   fork 出来并继承这一设置，所以整个集群的日志都是英文。管理后台的中文界面不受影响。
 - 同时启动快队列集群（RAG_QUEUE_FAST_WORKERS 个 worker）作为子进程：知识库清理、孤儿回收与小文件摄取
-  走快队列，主队列的 worker 全在跑长摄取时它们也不必排队。子进程随本进程退出而退出（本进程正常停止时
-  先 SIGTERM、限时等待后 SIGKILL；本进程被 SIGKILL 时由内核的 parent-death 信号通知它）。
+  走快队列，主队列的 worker 全在跑长摄取时它们也不必排队。子进程与本进程同在一个进程组：本进程正常停止时
+  先 SIGTERM 它、限时等待后 SIGKILL；整组停止（serve、容器运行时）时它一并收到信号。
   快队列另行部署时加 ``--no-fast-queue``，另起 ``Q_CLUSTER_NAME=ragservice-fast manage.py qcluster``。
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -27,14 +26,6 @@ from django_q.management.commands.qcluster import Command as QclusterCommand
 
 # 停止快队列子进程时等它处理完手头任务的秒数，之后 SIGKILL
 FAST_QUEUE_STOP_SECONDS = 30
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """子进程在 exec 前设置：父进程死掉（哪怕是 SIGKILL）时内核给它发 SIGTERM，不留孤儿。"""
-    # 非 Linux 没有 prctl：退回到只靠正常停止路径与进程组信号
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Command(QclusterCommand):
@@ -51,10 +42,12 @@ class Command(QclusterCommand):
         fast = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
             [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
             env={**os.environ, "Q_CLUSTER_NAME": settings.FAST_QUEUE},
-            preexec_fn=_die_with_parent,
         )
         try:
             super().handle(*args, **options)
+            # django-q2 的 handle 启动哨兵进程后立即返回（由解释器退出时 join 它）：先等主集群停下，再停快队列
+            for process in multiprocessing.active_children():
+                process.join()
         finally:
             if fast.poll() is None:
                 fast.send_signal(signal.SIGTERM)

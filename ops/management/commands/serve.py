@@ -73,21 +73,7 @@ class Command(BaseCommand):
 
     def _start_web(self, env: dict[str, str], host: str, port: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
-            [
-                sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
-                "--config", str(BASE_DIR / "ragservice" / "gunicorn_conf.py"),
-                "--bind", f"{host}:{port}",
-                "--workers", str(settings.WEB_WORKERS),
-                "--threads", str(settings.WEB_THREADS),
-                "--worker-class", "gthread",
-                "--timeout", "120",
-                "--graceful-timeout", "20",
-                # gunicorn 默认把控制 socket 放在 ~/.gunicorn 的固定路径，多个实例会互相抢占
-                "--no-control-socket",
-            ],
-            env=env,
-            cwd=BASE_DIR,
-            start_new_session=True,
+            web_command(host, port), env=env, cwd=BASE_DIR, start_new_session=True,
         )
 
     def _banner(self, host: str, port: int) -> str:
@@ -146,6 +132,22 @@ class Command(BaseCommand):
         stop_groups(list(children.values()), timeout=STOP_SECONDS)
         if exit_code:
             sys.exit(exit_code)
+
+
+def web_command(host: str, port: int, *, workers: int | None = None) -> list[str]:
+    """启动 web 服务（gunicorn）的命令行；故障注入测试用同一条命令起 web。"""
+    return [
+        sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
+        "--config", str(BASE_DIR / "ragservice" / "gunicorn_conf.py"),
+        "--bind", f"{host}:{port}",
+        "--workers", str(workers or settings.WEB_WORKERS),
+        "--threads", str(settings.WEB_THREADS),
+        "--worker-class", "gthread",
+        "--timeout", "120",
+        "--graceful-timeout", "20",
+        # gunicorn 默认把控制 socket 放在 ~/.gunicorn 的固定路径，多个实例会互相抢占
+        "--no-control-socket",
+    ]
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
