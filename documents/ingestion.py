@@ -519,7 +519,7 @@ def _execute(run: Run) -> None:
         failure = _classify(stage, exc)
         if stage == "store" and failure.transient:
             vectors_stash(document=run.document, vectors={
-                text_hash(draft.text): vector for draft, vector in zip(drafts, vectors, strict=True)
+                text_hash(embedding_input(draft)): vector for draft, vector in zip(drafts, vectors, strict=True)
                 if vector is not None})
         _fail_or_retry(run, failure)
         return
