@@ -4,9 +4,13 @@
 整体约束：
 - 一个文档的全部分块与 ``status=completed``、``chunk_count`` 在同一个事务里出现；
   任何失败都不会留下本次尝试的分块（重新索引时旧分块保持可检索，直到新分块提交）。
-- 同一文档同一时刻只有一个执行者（advisory lock）；全局最多 RAG_INGEST_CONCURRENCY 个文档并行。
+- 同一文档同一时刻只有一个执行者：写在文档行上的租约（owner 令牌 + 到期时间，后台线程续期），
+  提交时核对令牌——数据库重启释放了 advisory lock 也不会让两个 worker 处理同一文档。
+- 小文件与知识条目走快队列，大文件走主队列；主队列全局最多 RAG_INGEST_CONCURRENCY 个文档并行。
 - 暂时性失败（模型熔断、数据库连接）按退避自动重试；永久性失败（损坏、加密、空文件）立即失败。
-- 超过 RAG_INGEST_TIMEOUT 即失败；worker 死掉由回收器（ops.tasks）接手，文档终会进入终态。
+  只差入库一步失败时，已算好的向量暂存下来（documents.vector_stash），重试不再重算。
+- 超过 RAG_INGEST_TIMEOUT 即失败；worker 死掉（租约到期不续）由回收器（ops.tasks）接手，
+  两次弄死 worker 的文档直接失败，文档终会进入终态。
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 import numpy as np
 import structlog
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from documents.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
@@ -33,10 +37,12 @@ from documents.options import chunking_options
 from documents.parsing import ParsedDocument, ParseError, get_ocr_engine
 from documents.parsing.base import Segment
 from documents.sandbox import parse_isolated, parse_limits
+from documents.vector_stash import vectors_discard, vectors_stash, vectors_unstash
 from knowledge.models import KnowledgeBase
 from ops import metrics
-from ops.locks import advisory_lock, any_advisory_lock
-from ops.retry import backoff_seconds, schedule_task
+from ops.locks import Lease, any_advisory_lock, row_lease
+from ops.retry import backoff_seconds, database_ready, schedule_task
+from ragservice.errors import is_database_unavailable
 from search.embedders import embedder
 from search.fulltext import chunk_titles, document_terms
 from search.providers.breaker import CircuitOpenError
@@ -77,6 +83,10 @@ class ItemSuperseded(Exception):
     """排队处理的知识条目在处理期间被再次写入：放弃本次结果，由最新的写入生效。"""
 
 
+class LeaseLost(Exception):
+    """本次尝试的租约已被回收器收回（租约过期时本 worker 联系不上数据库）：别人在接手，放弃本次结果。"""
+
+
 @dataclass
 class Run:
     """一次摄取尝试的上下文。"""
@@ -86,6 +96,8 @@ class Run:
     attempt: int
     reindex: bool
     deadline: float
+    # 知识条目在请求内同步写入时没有租约（条目自己的行锁串行化写入者）
+    lease: Lease | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def timings_ms(self) -> dict[str, float]:
@@ -100,7 +112,9 @@ class Run:
             )
 
     def heartbeat(self, stage: str) -> None:
-        """记录当前阶段并刷新 updated_at：回收器据此判断任务是否还活着。"""
+        """记录当前阶段并刷新 updated_at（管理后台据此显示进度）；租约已失就立即停手。"""
+        if self.lease is not None and self.lease.lost.is_set():
+            raise LeaseLost()
         Document.objects.filter(pk=self.document.pk).update(stage=stage, updated_at=timezone.now())
 
     @contextmanager
@@ -250,8 +264,10 @@ def embed_drafts(groups: Sequence[Sequence[ChunkDraft]], provider: EmbeddingProv
 
 
 def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvider) -> list[np.ndarray | None]:
-    """为可检索的分块计算向量；重新索引时文本没变的分块复用已有向量（同一模型）。"""
+    """为可检索的分块计算向量；重新索引时文本没变的分块复用已有向量（同一模型），
+    上一次尝试只差入库就失败时复用它暂存的向量。"""
     reusable = reusable_vectors([run.document.pk], run.kb.embedding_dimension) if run.reindex else {}
+    reusable.update(vectors_unstash(document=run.document, dimension=run.kb.embedding_dimension))
 
     def between_slices() -> None:
         run.check_deadline("embed")
@@ -349,6 +365,9 @@ def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         document = Document.objects.select_for_update().filter(pk=run.document.pk).first()
         if kb.is_deleted or document is None or document.status == Document.Status.DELETED:
             raise DocumentGone()
+        if run.lease is not None and document.lease_owner != run.lease.token:
+            # 提交前的最后一道核对（行已锁住）：租约被收回后，哪怕活儿已经干完也不写
+            raise LeaseLost()
         if document.external_id and document.content_hash != run.document.content_hash:
             # 排队期间条目又被写了一次：这次的结果已过时，交给更新的那次写入
             raise ItemSuperseded()
@@ -379,24 +398,38 @@ def _classify(stage: str, exc: BaseException) -> IngestionFailure:
                                 transient=True)
     if isinstance(exc, EmbeddingError):
         return IngestionFailure(stage, f"The embedding model failed: {exc}", transient=exc.transient)
-    if isinstance(exc, OperationalError | InterfaceError):
-        return IngestionFailure(stage, f"Database connection problem: {exc}", transient=True)
+    if is_database_unavailable(exc):
+        # 驱动报错原文里有主机与 socket 路径，不进 error_message（它会出现在 API 响应里）；原文见日志
+        logger.warning("ingest_database_error", stage=stage, exc_info=exc)
+        return IngestionFailure(stage, "The database connection was lost", transient=True)
     if isinstance(exc, DatabaseError):
         return IngestionFailure(stage, f"Database error: {exc}", transient=False)
     return IngestionFailure(stage, f"Unexpected error ({type(exc).__name__}): {exc}", transient=False)
 
 
-def _fail_or_retry(document_id: Any, attempt: int, failure: IngestionFailure, reindex: bool) -> None:
+def ingestion_queue(document: Document) -> str | None:
+    """小文件与知识条目走快队列（与清理共用），大文件走主队列（None）：长摄取不会堵住它们。"""
+    return settings.FAST_QUEUE if document.size_bytes <= settings.FAST_QUEUE_MAX_BYTES else None
+
+
+def _fail_or_retry(run: Run, failure: IngestionFailure) -> None:
+    # 失败多半发生在数据库断开之后：手里的连接已经死了，先换一条能用的再记录
+    database_ready()
+    attempt, reindex = run.attempt, run.reindex
     with transaction.atomic():
-        document = Document.objects.select_for_update().filter(pk=document_id).first()
+        document = Document.objects.select_for_update().filter(pk=run.document.pk).first()
         if document is None or document.status == Document.Status.DELETED:
+            vectors_discard(document=run.document)
+            return
+        if run.lease is not None and document.lease_owner != run.lease.token:
+            logger.info("ingest_failure_not_recorded_lease_lost", stage=failure.stage)
             return
         words = f"{STAGE_WORDS.get(failure.stage, failure.stage)} failed: {failure.message}"
         if failure.transient and attempt <= settings.INGEST_MAX_RETRIES:
             delay = backoff_seconds(settings.INGEST_RETRY_BASE_SECONDS, attempt)
             document.next_retry_at = schedule_task(
                 INGEST_TASK_FUNC, str(document.id), attempt=attempt + 1, delay_seconds=delay,
-                request_id=document.request_id, label="ingest-retry")
+                request_id=document.request_id, label="ingest-retry", queue=ingestion_queue(document))
             document.error_message = f"{words} (attempt {attempt}; retrying in {delay} s)"[:4000]
             document.stage = ""
             document.save(update_fields=["next_retry_at", "error_message", "stage", "updated_at"])
@@ -416,11 +449,12 @@ def _fail_or_retry(document_id: Any, attempt: int, failure: IngestionFailure, re
         document.next_retry_at = None
         document.finished_at = timezone.now()
         document.save()
+    vectors_discard(document=run.document)
     metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
     logger.error("ingest_failed", stage=failure.stage, error=failure.message, reindex=reindex)
 
 
-def _begin(document_id: Any, attempt: int) -> Run | None:
+def _begin(document_id: Any, attempt: int, lease: Lease) -> Run | None:
     """判定这次投递是否该执行，并把文档标记为运行中。"""
     document = Document.objects.select_related("knowledge_base").filter(pk=document_id).first()
     if document is None:
@@ -439,7 +473,7 @@ def _begin(document_id: Any, attempt: int) -> Run | None:
         document.reindex_status = Document.Reindex.RUNNING
     document.save(update_fields=["attempts", "next_retry_at", "reindex_status", "updated_at"])
     return Run(document=document, kb=document.knowledge_base, attempt=attempt, reindex=reindex,
-               deadline=time.monotonic() + settings.INGEST_TIMEOUT)
+               deadline=time.monotonic() + settings.INGEST_TIMEOUT, lease=lease)
 
 
 def _requeue_superseded(run: Run) -> None:
@@ -453,11 +487,13 @@ def _requeue_superseded(run: Run) -> None:
         Document.Reindex.QUEUED, Document.Reindex.RUNNING)
     if pending:
         schedule_task(INGEST_TASK_FUNC, str(document.id), attempt=document.attempts + 1,
-                      delay_seconds=SLOT_RETRY_SECONDS, request_id=document.request_id, label="ingest-superseded")
+                      delay_seconds=SLOT_RETRY_SECONDS, request_id=document.request_id, label="ingest-superseded",
+                      queue=ingestion_queue(document))
 
 
 def _execute(run: Run) -> None:
     stage = "parse"
+    vectors: list[np.ndarray | None] = []
     try:
         if run.kb.is_deleted:
             raise DocumentGone()
@@ -472,41 +508,64 @@ def _execute(run: Run) -> None:
         count = store_step(run, parsed, drafts, vectors)
     except DocumentGone:
         Document.objects.filter(pk=run.document.pk).update(stage="")
+        vectors_discard(document=run.document)
         logger.info("ingest_abandoned_document_gone")
         return
     except ItemSuperseded:
         _requeue_superseded(run)
         return
-    except Exception as exc:
-        _fail_or_retry(run.document.pk, run.attempt, _classify(stage, exc), run.reindex)
+    except LeaseLost:
+        # 行上的 stage 等字段归接手的执行者管，这里什么都不写
+        logger.warning("ingest_abandoned_lease_lost", stage=stage)
         return
+    except Exception as exc:
+        failure = _classify(stage, exc)
+        if stage == "store" and failure.transient:
+            vectors_stash(document=run.document, vectors={
+                text_hash(embedding_input(draft)): vector for draft, vector in zip(drafts, vectors, strict=True)
+                if vector is not None})
+        _fail_or_retry(run, failure)
+        return
+    vectors_discard(document=run.document)
     # store 阶段自身的耗时要等事务提交后才知道，单独补写
     Document.objects.filter(pk=run.document.pk).update(stage_timings=run.timings_ms())
     metrics.DOCUMENT_INGESTION.labels(status="completed").inc()
     logger.info("ingest_completed", chunks=count, reindex=run.reindex, timings_ms=run.timings_ms())
 
 
+def _run_attempt(document_id: Any, attempt: int, lease: Lease) -> None:
+    run = _begin(document_id, attempt, lease)
+    if run is not None:
+        _execute(run)
+
+
 def ingest_document(*, document_id: Any, attempt: int) -> None:
-    """执行（或跳过）一次摄取尝试。重复投递、过期尝试、已删除的文档都会被安全忽略。"""
-    with advisory_lock(f"ingest:{document_id}") as acquired:
-        if not acquired:
+    """执行（或跳过）一次摄取尝试。重复投递、过期尝试、已删除的文档、别人持有租约的文档都会被安全忽略。"""
+    document = Document.objects.filter(pk=document_id).first()
+    if document is None:
+        return
+    queue = ingestion_queue(document)
+    # 续期线程用自己的连接，看不到调用方事务里未提交的行：在调用方事务里同步执行时不开它
+    with row_lease(Document, document_id, ttl=settings.TASK_LEASE_SECONDS,
+                   renew_in_background=not connection.in_atomic_block) as lease:
+        if lease is None:
             logger.info("ingest_skipped_busy")
+            return
+        if queue == settings.FAST_QUEUE:
+            # 快队列的并行度就是它的 worker 数，小文件不占主队列的并发名额
+            _run_attempt(document_id, attempt, lease)
             return
         slots = [f"ingest-slot:{i}" for i in range(settings.INGEST_CONCURRENCY)]
         waited_until = time.monotonic() + SLOT_WAIT_SECONDS
         while True:
             with any_advisory_lock(slots) as slot:
                 if slot is not None:
-                    run = _begin(document_id, attempt)
-                    if run is not None:
-                        _execute(run)
+                    _run_attempt(document_id, attempt, lease)
                     return
             if time.monotonic() > waited_until:
                 break
             time.sleep(0.5)
     # 并发名额已满：稍后再来，不占着 worker 干等
     logger.info("ingest_deferred_no_slot", retry_in_s=SLOT_RETRY_SECONDS)
-    document = Document.objects.filter(pk=document_id).first()
-    if document is not None:
-        schedule_task(INGEST_TASK_FUNC, str(document_id), attempt=attempt, delay_seconds=SLOT_RETRY_SECONDS,
-                      request_id=document.request_id, label="ingest-slot")
+    schedule_task(INGEST_TASK_FUNC, str(document_id), attempt=attempt, delay_seconds=SLOT_RETRY_SECONDS,
+                  request_id=document.request_id, label="ingest-slot", queue=queue)

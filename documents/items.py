@@ -33,6 +33,7 @@ from documents.ingestion import (
     Run,
     copy_chunks,
     embed_drafts,
+    ingestion_queue,
     item_parsed,
     lock_knowledge_base_for_write,
     reusable_vectors,
@@ -199,7 +200,7 @@ def _enqueue(kb: KnowledgeBase, prepared: _Prepared, options: ChunkingOptions) -
             document.status = Document.Status.PROCESSING
         _apply(document, item, prepared.digest, options)
         document.save()
-        enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1)
+        enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1, cluster=ingestion_queue(document))
     logger.info("item_queued", external_id=item.external_id, chunks=len(prepared.drafts))
     return ItemResult(item.external_id, "queued", document)
 

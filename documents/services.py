@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import uuid
 from pathlib import Path
 from typing import IO, Any
@@ -11,7 +13,7 @@ import structlog
 from django.conf import settings
 from django.db import transaction
 
-from documents.ingestion import INGEST_TASK_FUNC
+from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
 from documents.models import Document
 from documents.options import chunking_options, options_dict
 from documents.parsing import UnsupportedFormatError, detect_format
@@ -42,17 +44,37 @@ def writable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID) -> 
     return usable_knowledge_base(principal=principal, kb_id=kb_id, write=True)
 
 
+def storage_full() -> ApplicationError:
+    return ApplicationError(
+        ErrorCode.SERVICE_UNAVAILABLE, "The server has no space left to store the upload; retry later", 503,
+        [ErrorDetail("file", "STORAGE_FULL", "The data directory is full (RAG_DATA_DIR)")],
+        headers={"Retry-After": "60"},
+    )
+
+
 def _store_upload(upload: IO[bytes], destination: Path) -> tuple[int, str]:
-    """把上传文件复制到数据目录，返回 (字节数, sha256)。"""
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    """把上传文件复制到数据目录，返回 (字节数, sha256)。
+
+    先写到 ``.partial`` 再改名：磁盘写满等写入失败时删掉半截文件，数据目录里不会留下残缺的原始文件。
+    """
+    partial = destination.with_name(destination.name + ".partial")
     digest = hashlib.sha256()
     size = 0
     upload.seek(0)
-    with destination.open("wb") as out:
-        while block := upload.read(1 << 20):
-            digest.update(block)
-            size += len(block)
-            out.write(block)
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("wb") as out:
+            while block := upload.read(1 << 20):
+                digest.update(block)
+                size += len(block)
+                out.write(block)
+        os.replace(partial, destination)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            logger.error("upload_storage_full", path=str(destination.parent))
+            raise storage_full() from exc
+        raise
     return size, digest.hexdigest()
 
 
@@ -88,7 +110,7 @@ def document_upload(
                 format=file_format, size_bytes=size, sha256=sha256, stored_path=str(relative),
                 chunking=options_dict(options) if chunking else {}, request_id=current_request_id() or "",
             )
-            enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1)
+            enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1, cluster=ingestion_queue(document))
     except BaseException:
         absolute.unlink(missing_ok=True)
         raise
@@ -149,10 +171,12 @@ def document_reindex(*, principal: Principal, document_id: str | uuid.UUID, queu
     else:
         document.reindex_status = Document.Reindex.QUEUED
     document.attempts = 0
+    # 人工重新索引开始新的一轮：上一轮弄死 worker 的次数不带过来
+    document.worker_deaths = 0
     document.next_retry_at = None
     document.request_id = current_request_id() or document.request_id
     document.save()
     if queue:
-        enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1)
+        enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1, cluster=ingestion_queue(document))
     logger.info("document_reindex_requested", document_id=str(document.id))
     return document

@@ -6,9 +6,12 @@ import uuid
 
 from documents.ingestion import ingest_document
 from ops.context import task_context
+from ops.retry import database_ready
 
 
 def run_ingestion(document_id: str, attempt: int = 1, request_id: str | None = None) -> None:
     """摄取（或重新索引）一个文档。"""
     with task_context("ingest", request_id, document_id=document_id, attempt=attempt):
+        # 数据库重启过的话，worker 手里的连接已经死了：先换一条能用的
+        database_ready()
         ingest_document(document_id=uuid.UUID(document_id), attempt=attempt)

@@ -24,7 +24,8 @@ from documents.storage import knowledge_base_files_dir
 from knowledge.models import CleanupTask
 from ops import metrics
 from ops.locks import advisory_lock
-from ops.retry import backoff_seconds, schedule_task
+from ops.retry import backoff_seconds, database_ready, schedule_task
+from ragservice.errors import is_database_unavailable
 
 CLEANUP_TASK_FUNC = "knowledge.tasks.run_cleanup"
 
@@ -104,7 +105,11 @@ def _execute(task: CleanupTask) -> None:
 
 def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
     """记录失败；还有重试额度则安排下一次，否则置为 failed。"""
-    message = f"Attempt {attempt} failed while deleting the knowledge base's documents and chunks: {exc}"
+    # 驱动报错原文（主机、socket 路径）不进 error_message，它会出现在 API 响应里；原文见日志
+    reason = "the database connection was lost" if is_database_unavailable(exc) else str(exc)
+    message = f"Attempt {attempt} failed while deleting the knowledge base's documents and chunks: {reason}"
+    # 失败多半发生在数据库断开之后：手里的连接已经死了，先换一条能用的再记录
+    database_ready()
     with transaction.atomic():
         task = CleanupTask.objects.select_for_update().get(pk=task_id)
         task.error_message = message[:4000]
@@ -112,7 +117,7 @@ def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
             delay = backoff_seconds(settings.CLEANUP_RETRY_BASE_SECONDS, attempt)
             task.next_retry_at = schedule_task(
                 CLEANUP_TASK_FUNC, str(task_id), attempt=attempt + 1, delay_seconds=delay,
-                request_id=task.request_id, label="cleanup-retry",
+                request_id=task.request_id, label="cleanup-retry", queue=settings.FAST_QUEUE,
             )
             task.save(update_fields=["error_message", "next_retry_at", "updated_at"])
             metrics.CLEANUP_RETRIES.inc()

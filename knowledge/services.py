@@ -144,7 +144,7 @@ def knowledge_base_delete(*, principal: Principal, kb_id: str | uuid.UUID) -> Cl
     kb.deleted_at = timezone.now()
     kb.save(update_fields=["status", "deleted_at", "updated_at"])
     task = CleanupTask.objects.create(knowledge_base=kb, request_id=current_request_id() or "")
-    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1)
+    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, cluster=settings.FAST_QUEUE)
     logger.info("knowledge_base_deleted", knowledge_base_id=str(kb.id), cleanup_task_id=str(task.id))
     return task
 
@@ -174,6 +174,6 @@ def cleanup_task_retry(*, principal: Principal, task_id: str | uuid.UUID) -> Cle
     task.finished_at = None
     task.request_id = current_request_id() or task.request_id
     task.save()
-    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1)
+    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, cluster=settings.FAST_QUEUE)
     logger.info("cleanup_task_retried", cleanup_task_id=str(task.id))
     return task

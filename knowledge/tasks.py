@@ -6,9 +6,12 @@ import uuid
 
 from knowledge.cleanup import cleanup_run
 from ops.context import task_context
+from ops.retry import database_ready
 
 
 def run_cleanup(task_id: str, attempt: int = 1, request_id: str | None = None) -> None:
     """清理一个已删除知识库的文档、分块与向量。"""
     with task_context("cleanup", request_id, cleanup_task_id=task_id, attempt=attempt):
+        # 数据库重启过的话，worker 手里的连接已经死了：先换一条能用的
+        database_ready()
         cleanup_run(task_id=uuid.UUID(task_id), attempt=attempt)

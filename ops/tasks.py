@@ -1,8 +1,11 @@
 """周期任务：回收孤儿任务。
 
 worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“状态是 pending/running、却没有人在做”
-的任务行。这里每分钟扫描一次：超过 RAG_STALE_TASK_SECONDS 无进展、且没有执行者持有其
-advisory lock 的任务，重新入队（任务本身幂等，重复入队无害）。
+的任务行。这里每分钟扫描一次（在快队列上执行，不排在长摄取后面）：
+- 清理任务：超过 RAG_STALE_TASK_SECONDS 无进展、且没有执行者持有其 advisory lock 的，重新入队
+  （清理按批删除、幂等，即使数据库重启释放了锁、两个执行者短暂并存，也只是删同一批行）；
+- 文档：租约过期未续的，收回租约后重新入队或置为失败（见 reap_stale_documents）；
+  超过 RAG_STALE_TASK_SECONDS 还没人开始处理的，再入队一次（见 requeue_waiting_documents）。
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from datetime import timedelta
 
 import structlog
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from documents.models import Document
-from knowledge.cleanup import lock_key
+from knowledge.cleanup import CLEANUP_TASK_FUNC, lock_key
 from knowledge.models import CleanupTask
 from ops import metrics
 from ops.context import task_context
@@ -43,50 +46,100 @@ def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:
             continue
         # 先刷新 updated_at：队列积压时不至于每分钟重复入队
         CleanupTask.objects.filter(pk=task.pk).update(updated_at=timezone.now())
-        async_task("knowledge.tasks.run_cleanup", str(task.id), attempt=max(task.attempts, 1),
-                   request_id=task.request_id or None)
+        async_task(CLEANUP_TASK_FUNC, str(task.id), attempt=max(task.attempts, 1),
+                   request_id=task.request_id or None, cluster=settings.FAST_QUEUE)
         metrics.STALE_TASKS_REQUEUED.labels(kind="cleanup").inc()
         logger.warning("stale_task_requeued", kind="cleanup", cleanup_task_id=str(task.id), status=task.status)
         requeued.append(str(task.id))
     return requeued
 
 
-def reap_stale_documents(*, stale_after: timedelta) -> list[str]:
-    """处理中途 worker 死掉的文档：重新入队（计为一次新尝试），尝试用尽则置为失败。
+# 弄死 worker 几次就判定文件本身有害：第一次可能是巧合（部署重启、别的任务占满内存），第二次不再给机会
+MAX_WORKER_DEATHS = 2
 
-    只看“已经开始过”（stage 非空）的文档：排队等待 worker 的文档同样无人持锁，但它们没有死。
+
+def reap_stale_documents(*, stale_after: timedelta) -> list[str]:
+    """处理中途 worker 死掉的文档（租约过期超过 stale_after 未续）：重新入队（计为一次新尝试）；
+    弄死过两次 worker 或尝试用尽则置为失败。
+
+    只看持有过租约的文档：排队等待 worker 的文档没有租约，它们没有死。收回租约用一条带条件的 UPDATE，
+    与仍活着的执行者续期互斥——续上了就不收回；收回后那个执行者提交时核对令牌失败，结果作废。
     """
     from django_q.tasks import async_task
 
+    from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
+
     cutoff = timezone.now() - stale_after
-    candidates = Document.objects.filter(updated_at__lt=cutoff).exclude(stage="").filter(
+    candidates = Document.objects.exclude(lease_owner="").filter(lease_expires_at__lt=cutoff).filter(
         Q(status=Document.Status.PROCESSING) | Q(reindex_status=Document.Reindex.RUNNING)
     )
     handled = []
     for document in candidates:
-        if is_locked(f"ingest:{document.id}"):
+        reclaimed = Document.objects.filter(
+            pk=document.pk, lease_owner=document.lease_owner, lease_expires_at__lt=cutoff
+        ).update(lease_owner="", lease_expires_at=None, stage="", worker_deaths=F("worker_deaths") + 1,
+                 updated_at=timezone.now())
+        if not reclaimed:
             continue
+        deaths = document.worker_deaths + 1
         attempt = document.attempts + 1
         metrics.STALE_TASKS_REQUEUED.labels(kind="ingestion").inc()
-        if attempt > settings.INGEST_MAX_RETRIES + 1:
-            message = (f"The worker processing this document stopped unexpectedly during "
-                       f"'{document.stage}' ({document.attempts} attempts); giving up")
-            if document.status == Document.Status.PROCESSING:
-                Document.objects.filter(pk=document.pk).update(
-                    status=Document.Status.FAILED, error_message=message, stage="", updated_at=timezone.now())
-            else:
-                Document.objects.filter(pk=document.pk).update(
-                    reindex_status=Document.Reindex.FAILED, stage="", updated_at=timezone.now(),
-                    error_message=f"Re-indexing failed; the previous chunks are still served. {message}")
-            metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
-            logger.error("stale_document_failed", document_id=str(document.id), stage=document.stage)
+        if deaths >= MAX_WORKER_DEATHS or attempt > settings.INGEST_MAX_RETRIES + 1:
+            _fail_dead_document(document, deaths)
         else:
-            Document.objects.filter(pk=document.pk).update(stage="", updated_at=timezone.now())
-            async_task("documents.tasks.run_ingestion", str(document.id), attempt=attempt,
-                       request_id=document.request_id or None)
-            logger.warning("stale_document_requeued", document_id=str(document.id), attempt=attempt)
+            async_task(INGEST_TASK_FUNC, str(document.id), attempt=attempt,
+                       request_id=document.request_id or None, cluster=ingestion_queue(document))
+            logger.warning("stale_document_requeued", document_id=str(document.id), attempt=attempt,
+                           worker_deaths=deaths)
         handled.append(str(document.id))
     return handled
+
+
+def _fail_dead_document(document: Document, deaths: int) -> None:
+    if deaths >= MAX_WORKER_DEATHS:
+        message = (f"The worker processing this document stopped unexpectedly {deaths} times (last during "
+                   f"'{document.stage}'); the file is not processed again so that it cannot bring down more workers")
+    else:
+        message = (f"The worker processing this document stopped unexpectedly during "
+                   f"'{document.stage}' ({document.attempts} attempts); giving up")
+    if document.status == Document.Status.PROCESSING:
+        Document.objects.filter(pk=document.pk).update(
+            status=Document.Status.FAILED, error_message=message, finished_at=timezone.now(),
+            updated_at=timezone.now())
+    else:
+        Document.objects.filter(pk=document.pk).update(
+            reindex_status=Document.Reindex.FAILED, updated_at=timezone.now(),
+            error_message=f"Re-indexing failed; the previous chunks are still served. {message}")
+    metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
+    logger.error("stale_document_failed", document_id=str(document.id), stage=document.stage,
+                 worker_deaths=deaths)
+
+
+def requeue_waiting_documents(*, stale_after: timedelta) -> list[str]:
+    """等了 stale_after 还没有 worker 开始处理的文档（没有租约、未安排重试）再入队一次。
+
+    worker 从代理取走任务后、开始处理前被杀，任务要等代理的重投递（RAG_TASK_TIMEOUT + 60 秒）才会回来；
+    这里让它们早些回到队列。重复入队无害：先到的那份处理文档，后到的看到已完成或租约在手就跳过。
+    """
+    from django_q.tasks import async_task
+
+    from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
+
+    cutoff = timezone.now() - stale_after
+    candidates = Document.objects.filter(
+        Q(status=Document.Status.PROCESSING) | Q(reindex_status=Document.Reindex.QUEUED),
+        lease_owner="", stage="", updated_at__lt=cutoff,
+    ).filter(Q(next_retry_at__isnull=True) | Q(next_retry_at__lt=cutoff))
+    requeued = []
+    for document in candidates:
+        # 先刷新 updated_at：队列积压时不至于每分钟重复入队
+        Document.objects.filter(pk=document.pk).update(updated_at=timezone.now())
+        async_task(INGEST_TASK_FUNC, str(document.id), attempt=max(document.attempts, 1),
+                   request_id=document.request_id or None, cluster=ingestion_queue(document))
+        metrics.STALE_TASKS_REQUEUED.labels(kind="ingestion").inc()
+        logger.warning("waiting_document_requeued", document_id=str(document.id))
+        requeued.append(str(document.id))
+    return requeued
 
 
 def reap_stale_tasks() -> None:
@@ -94,7 +147,9 @@ def reap_stale_tasks() -> None:
     with task_context("reap_stale_tasks", None):
         stale_after = timedelta(seconds=settings.STALE_TASK_SECONDS)
         cleanups = requeue_stale_cleanups(stale_after=stale_after)
-        documents = reap_stale_documents(stale_after=stale_after)
+        # 文档有租约：租约过期本身就说明执行者已死，不必再等 RAG_STALE_TASK_SECONDS
+        documents = reap_stale_documents(stale_after=timedelta(0))
+        documents += requeue_waiting_documents(stale_after=stale_after)
         if cleanups or documents:
             logger.info("stale_tasks_reaped", cleanup_tasks=len(cleanups), documents=len(documents))
         else:

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from ops import metrics
 from ops.selectors import readiness
 from ragservice.api import ERROR_SCHEMA
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+from ragservice.errors import DATABASE_RETRY_AFTER_SECONDS, ApplicationError, ErrorCode, ErrorDetail
 
 
 class _PublicView(APIView):
@@ -57,6 +57,7 @@ class ReadyView(_PublicView):
                 "Service is not ready: " + ", ".join(r.name for r in failed),
                 503,
                 [ErrorDetail(r.name, "CHECK_FAILED", r.detail) for r in failed],
+                headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
             )
         return Response({"status": "ready", "checks": {r.name: {"ok": r.ok, "detail": r.detail} for r in results}})
 

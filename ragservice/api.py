@@ -168,6 +168,6 @@ ERROR_SCHEMA = inline_serializer(
 
 
 def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
-    """为 extend_schema 生成一组统一错误格式的响应声明（总是包含 400/401）。"""
-    wanted = sorted({400, 401, *statuses})
+    """为 extend_schema 生成一组统一错误格式的响应声明（总是包含 400/401，以及数据库暂时不可达时的 503）。"""
+    wanted = sorted({400, 401, 503, *statuses})
     return {status: OpenApiResponse(ERROR_SCHEMA, description="统一错误格式") for status in wanted}

@@ -61,6 +61,10 @@ def embedded_database_status(data_dir: Path) -> EmbeddedStatus:
 def ensure_embedded_database(data_dir: Path) -> str:
     """确保内嵌服务器在运行、业务库存在，返回其连接 URL。"""
     server = _server(data_dir)
+    if not embedded_database_status(data_dir).running:
+        # pgserver 按 pgdata 缓存句柄，同一进程里停止过的服务器不会被 get_server 重新启动：这里补一次
+        with server._lock:
+            server.ensure_postgres_running()
     # DATABASE_NAME 是本模块的常量，不来自外部输入
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608
     if "(1 row)" not in exists:

@@ -175,6 +175,31 @@ def _api_exception_response(exc: drf_exceptions.APIException) -> Response:
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
 
 
+# 数据库不可达时建议客户端多久后重试（秒）：内嵌或托管 PostgreSQL 重启通常在几秒内完成
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """连接层的数据库错误（服务器停止、重启中、连接被断开）：对调用方是暂时性的，应答 503 而不是 500。
+
+    Django 把驱动异常包装成 ``django.db.OperationalError`` / ``InterfaceError``；
+    建立连接之前（如连接池、健康检查）也可能直接冒出 psycopg 的同名异常，一并识别。
+    """
+    import psycopg
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError)
+
+
+def database_unavailable() -> ApplicationError:
+    """数据库不可达的 503：消息固定，绝不带驱动报错原文（里面有主机、socket 路径等内部信息）。"""
+    return ApplicationError(
+        ErrorCode.SERVICE_UNAVAILABLE, "The database is temporarily unavailable; retry later", 503,
+        [ErrorDetail(None, "DATABASE_UNAVAILABLE", "The database cannot be reached")],
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
+
+
 def log_internal_error(request: HttpRequest | None, exc: BaseException) -> None:
     """500 的完整信息只进日志：堆栈、请求方法与路径、查询参数与请求体（截断）。"""
     params: dict[str, Any] = {}
@@ -190,7 +215,9 @@ def log_internal_error(request: HttpRequest | None, exc: BaseException) -> None:
 def log_request_exception(sender: object, request: HttpRequest | None = None, **kwargs: Any) -> None:
     """got_request_exception 信号的接收者：记录当前正在处理的异常。"""
     exc = sys.exc_info()[1]
-    if exc is not None:
+    if exc is not None and is_database_unavailable(exc):
+        logger.warning("database_unavailable", exc_info=exc, path=getattr(request, "path", None))
+    elif exc is not None:
         log_internal_error(request, exc)
 
 
@@ -217,6 +244,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, PermissionDenied):
         return _api_exception_response(drf_exceptions.PermissionDenied())
     request = context.get("request")
+    if is_database_unavailable(exc):
+        logger.warning("database_unavailable", exc_info=exc, path=getattr(request, "path", None))
+        return exception_handler(database_unavailable(), context)
     log_internal_error(getattr(request, "_request", request), exc)
     return Response(
         error_body(ErrorCode.INTERNAL_ERROR, "Internal server error"),
@@ -227,9 +257,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 # ---------------------------------------------------------------- Django 层（非 DRF 视图）的处理器
 
 
-def json_error_response(status: int, code: str, message: str, details: Sequence[ErrorDetail] = ()) -> JsonResponse:
+def json_error_response(status: int, code: str, message: str, details: Sequence[ErrorDetail] = (),
+                        headers: Mapping[str, str] | None = None) -> JsonResponse:
     """DRF 之外（Django 处理器、中间件）的统一错误响应。"""
-    return JsonResponse(error_body(code, message, details), status=status, json_dumps_params={"ensure_ascii": False})
+    return JsonResponse(error_body(code, message, details), status=status, headers=headers,
+                        json_dumps_params={"ensure_ascii": False})
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
@@ -253,5 +285,12 @@ def handler403(request: HttpRequest, exception: Exception | None = None) -> Http
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
-    """中间件或非 DRF 视图里的未处理异常；堆栈已由 got_request_exception 的接收者记录。"""
+    """中间件或非 DRF 视图（管理后台、检索调试页）里的未处理异常；堆栈已由 got_request_exception 的接收者记录。
+
+    Django 在处理异常的 except 块里调用本函数，``sys.exc_info()`` 仍是那个异常：数据库不可达时答 503。
+    """
+    exc = sys.exc_info()[1]
+    if exc is not None and is_database_unavailable(exc):
+        error = database_unavailable()
+        return json_error_response(error.status, error.code, error.message, error.details, error.headers)
     return json_error_response(500, ErrorCode.INTERNAL_ERROR, "Internal server error")

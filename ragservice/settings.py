@@ -266,6 +266,17 @@ if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
+# 快队列：知识库清理、孤儿回收与小文件摄取走另一个 django-q2 集群（同一个 qcluster 命令一并启动），
+# 长时间的大文件摄取占满主队列的 worker 时，它们也不必排队
+FAST_QUEUE = "ragservice-fast"
+Q_CLUSTER["ALT_CLUSTERS"] = {
+    FAST_QUEUE: {"workers": env_int("RAG_QUEUE_FAST_WORKERS", 1, "快队列（清理、小文件）的 worker 进程数",
+                                    minimum=1)},
+}
+FAST_QUEUE_MAX_BYTES = env_size("RAG_FAST_QUEUE_MAX_BYTES", 1024 * 1024,
+                                "不超过这个大小的上传文件与知识条目走快队列摄取（字节，可写 1MB）")
+TASK_LEASE_SECONDS = env_int("RAG_TASK_LEASE_SECONDS", 60, "摄取任务租约的有效秒数：worker 每 1/4 租期续期一次，"
+                             "过期未续即视为 worker 已死，由回收器接手", minimum=2)
 
 # ---------------------------------------------------------------- 文档摄取
 MAX_DOCUMENT_SIZE = env_size("RAG_MAX_DOCUMENT_SIZE", 50 * 1024 * 1024, "上传文件大小上限（字节，可写 50MB）")

@@ -313,7 +313,9 @@ def test_concurrency_limit_defers_when_all_slots_are_taken(kb_factory, fake_embe
     settings.INGEST_CONCURRENCY = 1
     monkeypatch.setattr(ingestion, "SLOT_WAIT_SECONDS", 0.2)
     kb = kb_factory()
-    document = Document.objects.create(knowledge_base=kb, filename="x.md", stored_path="files/x.md")
+    # 主队列的大文件才占并发名额；快队列的小文件不受它限制
+    document = Document.objects.create(knowledge_base=kb, filename="x.md", stored_path="files/x.md",
+                                       size_bytes=settings.FAST_QUEUE_MAX_BYTES + 1)
     holder = connections.create_connection("default")
     try:
         with holder.cursor() as cursor:
@@ -323,7 +325,8 @@ def test_concurrency_limit_defers_when_all_slots_are_taken(kb_factory, fake_embe
         holder.close()
     document.refresh_from_db()
     assert document.attempts == 0 and document.status == "processing"  # 没开始，也不算一次尝试
-    assert Schedule.objects.filter(name__startswith=f"ingest-slot:{document.id}:1:").exists()
+    assert Schedule.objects.get(name__startswith=f"ingest-slot:{document.id}:1:").cluster is None  # 仍回主队列
+    assert document.lease_owner == ""  # 等名额期间持有的租约已归还
 
 
 def test_reaper_requeues_orphans_then_gives_up(kb_factory, settings, monkeypatch):
@@ -337,18 +340,27 @@ def test_reaper_requeues_orphans_then_gives_up(kb_factory, settings, monkeypatch
     queued: list[tuple] = []
     monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append((args, kwargs)))
     kb = kb_factory()
-    waiting = Document.objects.create(knowledge_base=kb, filename="queued.txt")  # 排队中：不是孤儿
-    orphan = Document.objects.create(knowledge_base=kb, filename="orphan.txt", stage="embed", attempts=1)
-    Document.objects.filter(pk__in=[waiting.pk, orphan.pk]).update(updated_at=timezone.now() - timedelta(hours=1))
+    expired = timezone.now() - timedelta(minutes=1)
+    waiting = Document.objects.create(knowledge_base=kb, filename="queued.txt")  # 排队中、没有租约：不是孤儿
+    alive = Document.objects.create(knowledge_base=kb, filename="alive.txt", stage="embed", attempts=1,
+                                    lease_owner="live", lease_expires_at=timezone.now() + timedelta(minutes=1))
+    orphan = Document.objects.create(knowledge_base=kb, filename="orphan.txt", stage="embed", attempts=1,
+                                     lease_owner="dead", lease_expires_at=expired)
 
-    assert reap_stale_documents(stale_after=timedelta(minutes=5)) == [str(orphan.id)]
-    assert queued == [(("documents.tasks.run_ingestion", str(orphan.id)), {"attempt": 2, "request_id": None})]
+    assert reap_stale_documents(stale_after=timedelta(0)) == [str(orphan.id)]
+    assert queued == [(("documents.tasks.run_ingestion", str(orphan.id)),
+                       {"attempt": 2, "request_id": None, "cluster": settings.FAST_QUEUE})]
     orphan.refresh_from_db()
-    assert orphan.stage == "" and orphan.status == "processing"
+    assert (orphan.stage, orphan.status, orphan.lease_owner, orphan.worker_deaths) == ("", "processing", "", 1)
+    waiting.refresh_from_db()
+    alive.refresh_from_db()
+    assert waiting.status == alive.status == "processing" and alive.lease_owner == "live"
 
-    # 第二次尝试也死在半路：尝试次数用尽，进入终态
-    Document.objects.filter(pk=orphan.pk).update(stage="parse", attempts=2,
-                                                 updated_at=timezone.now() - timedelta(hours=1))
-    reap_stale_documents(stale_after=timedelta(minutes=5))
+    # 第二次尝试也弄死了 worker：判定文件有害，直接失败，不再重跑
+    Document.objects.filter(pk=orphan.pk).update(stage="parse", attempts=2, lease_owner="dead-again",
+                                                 lease_expires_at=expired)
+    reap_stale_documents(stale_after=timedelta(0))
     orphan.refresh_from_db()
-    assert orphan.status == "failed" and "stopped unexpectedly during 'parse'" in orphan.error_message
+    assert orphan.status == "failed" and orphan.worker_deaths == 2
+    assert "stopped unexpectedly 2 times (last during 'parse')" in orphan.error_message
+    assert len(queued) == 1

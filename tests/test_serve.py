@@ -3,6 +3,7 @@ web 与 worker，/ready 变为 200，API key 可用，删除知识库由真实 w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import requests
 from django.conf import settings
@@ -67,10 +69,19 @@ def test_serve_from_fresh_data_dir(tmp_path):
         assert 'http_requests_total{endpoint="/knowledge_bases",method="POST",status="201"} 1.0' in metrics
         assert 'cleanup_tasks_total{status="completed"} 1.0' in metrics
 
+        # web 与 worker 各在自己的进程组里：SIGTERM 只发给 serve，由它停掉子进程组，不留孤儿
+        descendants = psutil.Process(server.pid).children(recursive=True)
+        assert len(descendants) >= 4  # gunicorn 主进程与 worker、qcluster 与快队列集群……
         os.killpg(server.pid, signal.SIGTERM)
         started = time.monotonic()
         assert server.wait(timeout=40) == 0
         assert time.monotonic() - started < 40
+        survivors = []
+        for process in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    survivors.append(process.cmdline())
+        assert not survivors
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)

@@ -35,7 +35,7 @@ def test_database_url() -> str:
 
 
 class WorkerCluster:
-    """一个 ``manage.py qcluster`` 子进程；独立进程组，kill() 模拟 worker 被 SIGKILL。"""
+    """一个 ``manage.py qcluster`` 子进程（连同它启动的快队列集群）；独立进程组，kill() 模拟 worker 被 SIGKILL。"""
 
     def __init__(self, log_path: Path, **env: str) -> None:
         self.log_path = log_path
@@ -49,6 +49,8 @@ class WorkerCluster:
             "RAG_QUEUE_SYNC": "false",
             "RAG_QUEUE_WORKERS": "1",
             "RAG_LOG_LEVEL": "info",
+            # 被 SIGKILL 的 worker 的租约几秒内就过期，回收器不必等默认的 60 秒
+            "RAG_TASK_LEASE_SECONDS": "4",
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None

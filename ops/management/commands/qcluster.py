@@ -1,19 +1,58 @@
-"""manage.py qcluster：django-q2 自带的命令，只是在关闭翻译的状态下运行。
+"""manage.py qcluster：django-q2 自带的命令，外加两点：
 
-django-q2 用 gettext 按 LANGUAGE_CODE（zh-hans）翻译自己的日志行，结果 worker 日志里中文句子与我们的英文
-事件名混在一起，既不好读也不好检索。哨兵、监视器与 worker 进程都由本进程 fork 出来并继承这一设置，
-所以整个集群的日志都是英文。管理后台的中文界面不受影响（web 进程按请求激活语言）。
+- 在关闭翻译的状态下运行。django-q2 用 gettext 按 LANGUAGE_CODE（zh-hans）翻译自己的日志行，结果 worker
+  日志里中文句子与我们的英文事件名混在一起，既不好读也不好检索。哨兵、监视器与 worker 进程都由本进程
+  fork 出来并继承这一设置，所以整个集群的日志都是英文。管理后台的中文界面不受影响。
+- 同时启动快队列集群（RAG_QUEUE_FAST_WORKERS 个 worker）作为子进程：知识库清理、孤儿回收与小文件摄取
+  走快队列，主队列的 worker 全在跑长摄取时它们也不必排队。子进程与本进程同在一个进程组：本进程正常停止时
+  先 SIGTERM 它、限时等待后 SIGKILL；整组停止（serve、容器运行时）时它一并收到信号。
+  快队列另行部署时加 ``--no-fast-queue``，另起 ``Q_CLUSTER_NAME=ragservice-fast manage.py qcluster``。
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-from django.core.management.base import no_translations
+from django.conf import settings
+from django.core.management.base import CommandParser, no_translations
+from django_q.conf import Conf
 from django_q.management.commands.qcluster import Command as QclusterCommand
+
+# 停止快队列子进程时等它处理完手头任务的秒数，之后 SIGKILL
+FAST_QUEUE_STOP_SECONDS = 30
 
 
 class Command(QclusterCommand):
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--no-fast-queue", action="store_true",
+                            help="只启动主队列集群，快队列（清理、小文件）另行部署")
+
     @no_translations
     def handle(self, *args: Any, **options: Any) -> None:
-        super().handle(*args, **options)
+        if options["no_fast_queue"] or Conf.CLUSTER_NAME == settings.FAST_QUEUE:
+            super().handle(*args, **options)
+            return
+        fast = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
+            [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
+            env={**os.environ, "Q_CLUSTER_NAME": settings.FAST_QUEUE},
+        )
+        try:
+            super().handle(*args, **options)
+            # django-q2 的 handle 启动哨兵进程后立即返回（由解释器退出时 join 它）：先等主集群停下，再停快队列
+            for process in multiprocessing.active_children():
+                process.join()
+        finally:
+            if fast.poll() is None:
+                fast.send_signal(signal.SIGTERM)
+            try:
+                fast.wait(FAST_QUEUE_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                fast.kill()
+                fast.wait()

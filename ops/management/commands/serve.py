@@ -2,10 +2,15 @@
 
 启动前完成迁移（含 worker 心跳用的缓存表）与静态文件；两个子进程共享一个 Prometheus 多进程目录，
 任一子进程意外退出则整体退出（交给外层的进程管理器重启），SIGINT/SIGTERM 时优雅停止。
+
+每个子进程是一个独立的进程组（gunicorn 的 worker、django-q2 的哨兵/worker/快队列集群都在组里）：
+停止时向整个组发 SIGTERM，限时（STOP_SECONDS）等组里所有进程退出，仍在的一律 SIGKILL——
+不会留下继续处理文档的孤儿 worker。
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
@@ -23,6 +29,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from ops.models import ApiKey
 
 BASE_DIR = Path(settings.BASE_DIR)
+# 停止时等子进程（及其进程组）优雅退出的秒数，之后 SIGKILL
+STOP_SECONDS = 30
 
 
 class Command(BaseCommand):
@@ -42,7 +50,8 @@ class Command(BaseCommand):
         children = {"web": self._start_web(env, options["host"], options["port"])}
         if not options["no_worker"]:
             children["worker"] = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
-                [sys.executable, str(BASE_DIR / "manage.py"), "qcluster"], env=env, cwd=BASE_DIR
+                [sys.executable, str(BASE_DIR / "manage.py"), "qcluster"], env=env, cwd=BASE_DIR,
+                start_new_session=True,
             )
         base = self._banner(options["host"], options["port"])
         self._supervise(children, f"{base}/ready")
@@ -64,20 +73,7 @@ class Command(BaseCommand):
 
     def _start_web(self, env: dict[str, str], host: str, port: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
-            [
-                sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
-                "--config", str(BASE_DIR / "ragservice" / "gunicorn_conf.py"),
-                "--bind", f"{host}:{port}",
-                "--workers", str(settings.WEB_WORKERS),
-                "--threads", str(settings.WEB_THREADS),
-                "--worker-class", "gthread",
-                "--timeout", "120",
-                "--graceful-timeout", "20",
-                # gunicorn 默认把控制 socket 放在 ~/.gunicorn 的固定路径，多个实例会互相抢占
-                "--no-control-socket",
-            ],
-            env=env,
-            cwd=BASE_DIR,
+            web_command(host, port), env=env, cwd=BASE_DIR, start_new_session=True,
         )
 
     def _banner(self, host: str, port: int) -> str:
@@ -133,17 +129,57 @@ class Command(BaseCommand):
                                   "模型已加载，可以上传文档与检索。")
                 self.stdout.flush()
             time.sleep(0.5)
-        for proc in children.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for proc in children.values():
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_groups(list(children.values()), timeout=STOP_SECONDS)
         if exit_code:
             sys.exit(exit_code)
+
+
+def web_command(host: str, port: int, *, workers: int | None = None) -> list[str]:
+    """启动 web 服务（gunicorn）的命令行；故障注入测试用同一条命令起 web。"""
+    return [
+        sys.executable, "-m", "gunicorn", "ragservice.wsgi:application",
+        "--config", str(BASE_DIR / "ragservice" / "gunicorn_conf.py"),
+        "--bind", f"{host}:{port}",
+        "--workers", str(workers or settings.WEB_WORKERS),
+        "--threads", str(settings.WEB_THREADS),
+        "--worker-class", "gthread",
+        "--timeout", "120",
+        "--graceful-timeout", "20",
+        # gunicorn 默认把控制 socket 放在 ~/.gunicorn 的固定路径，多个实例会互相抢占
+        "--no-control-socket",
+    ]
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signum)
+
+
+def group_alive(pgid: int) -> bool:
+    """进程组里还有活着的进程吗？僵尸不算：容器里 PID 1 不收尸时，它们会一直留在组里。"""
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def stop_groups(procs: list[subprocess.Popen[bytes]], *, timeout: float) -> None:
+    """SIGTERM 每个进程组，限时等组里所有进程退出（组长已退出但孙进程还在也要等），超时则 SIGKILL 整组。"""
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        while time.monotonic() < deadline and group_alive(proc.pid):
+            time.sleep(0.2)
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+        # SIGKILL 是异步送达的：确认组里的进程真的没了再返回（至多几秒）
+        killed_by = time.monotonic() + 5
+        while time.monotonic() < killed_by and group_alive(proc.pid):
+            time.sleep(0.05)
 
 
 def _is_ready(url: str) -> bool:

@@ -1,0 +1,286 @@
+"""worker 侧的故障：数据库在入库时断开、租约被收回、embedding 提供方出错/挂起/输出畸形、磁盘写满、
+快慢队列的分流，以及 qcluster / serve 的进程生命周期。都在本进程内完成，几秒钟跑完；真正停掉数据库、
+SIGKILL worker 的端到端场景见 test_fault_injection.py。"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from django.db import OperationalError
+from django_q.models import Schedule
+
+from documents import ingestion
+from documents.models import Document, DocumentChunk
+from documents.services import document_upload
+from ops.locks import row_lease
+from search.providers.embedding import get_embedding_provider
+from tests.conftest import assert_error
+from tests.test_documents_api import BID_TEXT, upload
+from tests.test_embedding_providers import FakeEmbeddingServer
+
+
+def _uploaded(kb, run_on_commit, text: str = BID_TEXT, name: str = "a.md") -> Document:
+    document = run_on_commit(document_upload, kb=kb, filename=name, upload=io.BytesIO(text.encode()),
+                             metadata={}, chunking={})
+    return Document.objects.get(pk=document.pk)
+
+
+# ---------------------------------------------------------------- 数据库在入库时断开
+
+
+def test_store_step_losing_the_database_retries_and_keeps_the_embeddings(kb_factory, run_on_commit,
+                                                                         fake_embedder, monkeypatch, settings):
+    real_copy = ingestion.copy_chunks
+    calls = {"copy": 0}
+
+    def copy_then_lose_connection(*args: Any, **kwargs: Any) -> None:
+        calls["copy"] += 1
+        if calls["copy"] == 1:
+            # 驱动的原话带着 socket 路径：不该出现在 error_message 里
+            raise OperationalError('connection to server on socket "/tmp/.s.PGSQL.5432" failed: server closed '
+                                   "the connection unexpectedly")
+        real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(ingestion, "copy_chunks", copy_then_lose_connection)
+    kb = kb_factory()
+    document = _uploaded(kb, run_on_commit)
+    assert document.status == "processing" and document.attempts == 1
+    assert document.error_message == ("Saving chunks to the database failed: The database connection was lost "
+                                      "(attempt 1; retrying in 30 s)")
+    assert document.lease_owner == "" and document.stage == ""
+    schedule = Schedule.objects.get(name__startswith=f"ingest-retry:{document.id}:2:")
+    assert schedule.next_run == document.next_retry_at and schedule.cluster == "ragservice-fast"
+    embedded = sum(fake_embedder.calls)
+    assert embedded > 0
+    assert (settings.DATA_DIR / "files" / str(kb.id) / f"{document.id}.vectors.npz").exists()
+
+    ingestion.ingest_document(document_id=document.id, attempt=2)
+    document.refresh_from_db()
+    assert document.status == "completed" and document.error_message == ""
+    assert sum(fake_embedder.calls) == embedded  # 第二次尝试一个向量也没重算
+    assert DocumentChunk.objects.filter(document=document).count() == document.chunk_count > 0
+    assert not (settings.DATA_DIR / "files" / str(kb.id) / f"{document.id}.vectors.npz").exists()
+
+
+# ---------------------------------------------------------------- 租约
+
+
+def test_document_leased_by_a_live_worker_is_skipped(kb_factory, fake_embedder, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.md", lease_owner="someone-else",
+                                       lease_expires_at=timezone.now() + timedelta(minutes=1))
+    ingestion.ingest_document(document_id=document.id, attempt=1)
+    document.refresh_from_db()
+    assert document.attempts == 0 and document.lease_owner == "someone-else" and not fake_embedder.calls
+
+
+def test_lease_reclaimed_mid_ingestion_discards_the_result(kb_factory, run_on_commit, fake_embedder, monkeypatch):
+    """回收器在 embed 之后收回了租约（别的 worker 在接手）：提交时核对令牌失败，什么都不写。"""
+    real_embed = ingestion.embed_step
+
+    def embed_then_lose_lease(run, drafts, provider):
+        vectors = real_embed(run, drafts, provider)
+        Document.objects.filter(pk=run.document.pk).update(lease_owner="the-next-worker")
+        return vectors
+
+    monkeypatch.setattr(ingestion, "embed_step", embed_then_lose_lease)
+    document = _uploaded(kb_factory(), run_on_commit)
+    assert document.status == "processing" and document.error_message == ""
+    assert document.lease_owner == "the-next-worker"
+    assert not DocumentChunk.objects.filter(document=document).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_is_renewed_in_the_background_and_notices_takeover(kb_factory):
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.md")
+    with row_lease(Document, document.pk, ttl=2) as lease:
+        assert lease is not None
+        first = Document.objects.get(pk=document.pk).lease_expires_at
+        time.sleep(1.2)  # 续期线程每 ttl/4 秒续一次
+        assert Document.objects.get(pk=document.pk).lease_expires_at > first
+        with row_lease(Document, document.pk, ttl=2) as second:
+            assert second is None  # 活着的租约拿不走
+        Document.objects.filter(pk=document.pk).update(lease_owner="reclaimed")
+        assert lease.lost.wait(3)
+    assert Document.objects.get(pk=document.pk).lease_owner == "reclaimed"  # 归还只归还自己的
+
+
+# ---------------------------------------------------------------- embedding 提供方出错、挂起、输出畸形
+
+
+@pytest.fixture
+def http_embedder(monkeypatch) -> Any:
+    with FakeEmbeddingServer() as server:
+        provider = get_embedding_provider(server.config(timeout=0.3, batch_size=64))
+        monkeypatch.setattr(ingestion, "embedder", lambda provider_name, model: provider)
+        yield server
+
+
+@pytest.mark.parametrize(("fault", "message", "transient"), [
+    ("hang", "timed out", True),
+    ("malformed", "unexpected OpenAI response", True),
+    ("raise", "input rejected", False),
+])
+def test_provider_faults_end_in_retry_or_failure_with_a_message(kb_factory, run_on_commit, http_embedder,
+                                                                fault, message, transient):
+    if fault == "hang":
+        http_embedder.delay = 1.0  # 超过 0.3 s 的超时
+    elif fault == "malformed":
+        http_embedder.fail_status, http_embedder.fail_body = 200, {"unexpected": True}
+    else:
+        http_embedder.fail_status, http_embedder.fail_body = 400, {"error": "input rejected"}
+    document = _uploaded(kb_factory(), run_on_commit)
+    assert document.error_message.startswith("Computing embeddings failed")
+    if transient:
+        assert document.status == "processing" and "retrying in 30 s" in document.error_message
+        assert message in document.error_message
+    else:
+        assert document.status == "failed" and message in document.error_message
+    assert not DocumentChunk.objects.filter(document=document).exists()
+
+
+# ---------------------------------------------------------------- 磁盘写满
+
+
+def test_disk_full_while_storing_an_upload_is_a_clear_error_and_leaves_nothing(client_rw, kb_factory, settings,
+                                                                               monkeypatch):
+    from documents import services
+
+    real_open = Path.open
+
+    def open_then_fill_disk(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(self, mode, *args, **kwargs)
+        if "w" in mode and self.name.endswith(".partial"):
+            handle.write(b"half of the file")
+
+            def full(data: bytes) -> int:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            handle.write = full  # type: ignore[method-assign]
+        return handle
+
+    monkeypatch.setattr(services.Path, "open", open_then_fill_disk)
+    kb = kb_factory()
+    response = upload(client_rw, kb, "a.md", BID_TEXT.encode())
+    error = assert_error(response, 503, "SERVICE_UNAVAILABLE")
+    assert error["details"][0]["code"] == "STORAGE_FULL" and response["Retry-After"]
+    assert not Document.objects.exists()
+    files = settings.DATA_DIR / "files" / str(kb.id)
+    assert not files.exists() or not any(files.iterdir())  # 半截文件已删掉
+
+
+# ---------------------------------------------------------------- 队列公平：分流
+
+
+def test_small_uploads_and_cleanup_go_to_the_fast_queue(client_rw, kb_factory, run_on_commit, settings,
+                                                        monkeypatch):
+    queued: list[tuple[str, Any]] = []
+    monkeypatch.setattr("django_q.tasks.async_task", lambda func, *args, **kwargs: queued.append(
+        (func, kwargs.get("cluster"))))
+    settings.FAST_QUEUE_MAX_BYTES = 1000
+    kb = kb_factory()
+    upload(client_rw, kb, "small.md", b"# small\n\nshort text", run_on_commit)
+    upload(client_rw, kb, "large.md", BID_TEXT.encode() * 10, run_on_commit)
+    run_on_commit(client_rw.delete, f"/knowledge_bases/{kb.id}")
+    assert queued == [("documents.tasks.run_ingestion", "ragservice-fast"),
+                      ("documents.tasks.run_ingestion", None),
+                      ("knowledge.tasks.run_cleanup", "ragservice-fast")]
+
+
+def test_reaper_requeues_documents_nobody_started(kb_factory, monkeypatch):
+    """worker 取走任务后、开始处理前被杀：文档没有租约也没有阶段，等久了就再入队一次。"""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ops.tasks import requeue_waiting_documents
+
+    queued: list[tuple[Any, ...]] = []
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append((args, kwargs)))
+    kb = kb_factory()
+    forgotten = Document.objects.create(knowledge_base=kb, filename="a.md", attempts=1)
+    fresh = Document.objects.create(knowledge_base=kb, filename="b.md")
+    retrying = Document.objects.create(knowledge_base=kb, filename="c.md", attempts=1,
+                                       next_retry_at=timezone.now() + timedelta(minutes=1))
+    Document.objects.filter(pk__in=[forgotten.pk, retrying.pk]).update(
+        updated_at=timezone.now() - timedelta(minutes=10))
+    assert requeue_waiting_documents(stale_after=timedelta(minutes=5)) == [str(forgotten.id)]
+    assert queued[0][1]["attempt"] == 1 and fresh.pk != forgotten.pk
+    # updated_at 已刷新：下一分钟不会再入队
+    assert requeue_waiting_documents(stale_after=timedelta(minutes=5)) == []
+
+
+def test_reaper_schedule_runs_on_the_fast_queue(db):
+    assert Schedule.objects.get(name="ops.reap_stale_tasks").cluster == "ragservice-fast"
+
+
+# ---------------------------------------------------------------- 进程生命周期
+
+
+def test_qcluster_also_starts_and_stops_the_fast_queue_cluster(monkeypatch):
+    from django.core.management import load_command_class
+    from django_q.management.commands.qcluster import Command as QclusterCommand
+
+    started: list[dict[str, str]] = []
+
+    class FakeChild:
+        def __init__(self, args: list[str], env: dict[str, str], **kwargs: Any) -> None:
+            started.append(env)
+            self.signals: list[int] = []
+
+        def poll(self) -> None:
+            return None
+
+        def send_signal(self, signum: int) -> None:
+            self.signals.append(signum)
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    children: list[FakeChild] = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: children.append(FakeChild(*a, **kw)) or children[-1])
+    monkeypatch.setattr(QclusterCommand, "handle", lambda self, *args, **options: None)
+    load_command_class("ops", "qcluster").handle(no_fast_queue=False)
+    assert [env["Q_CLUSTER_NAME"] for env in started] == ["ragservice-fast"]
+    assert children[0].signals == [signal.SIGTERM]  # 主集群停了，快队列集群跟着停
+
+
+def test_stop_groups_kills_grandchildren_that_ignore_sigterm(tmp_path):
+    """serve 停止子进程：SIGTERM 整个进程组，限时等待，忽略 SIGTERM 的孙进程被 SIGKILL，不留孤儿。"""
+    from ops.management.commands.serve import group_alive, stop_groups
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import os, signal, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    grandchild = int(pid_file.read_text())
+    started = time.monotonic()
+    stop_groups([leader], timeout=1.0)
+    assert time.monotonic() - started < 10
+    assert leader.poll() is not None
+    assert not group_alive(leader.pid)  # 忽略 SIGTERM 的孙进程也没了（至多剩下等人收尸的僵尸）
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
