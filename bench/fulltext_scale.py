@@ -190,10 +190,11 @@ def _percentiles(values: list[float]) -> str:
     return f"p50 {statistics.median(values):6.1f} ms  p95 {p95:6.1f} ms"
 
 
-def measure(kb: KnowledgeBase, queries: list[str], vectors: bool) -> dict[str, str]:
+def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
+            rankings: tuple[str, ...] = ("bm25", "ts_rank_cd")) -> dict[str, str]:
     results = {}
     centers = _centers()
-    for ranking in ("bm25", "ts_rank_cd"):
+    for ranking in rankings:
         settings.FULLTEXT_RANKING = ranking
         for query in queries[:20]:
             fulltext_search(kb, parse_query(query), SearchFilters(), 15)
@@ -203,6 +204,7 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool) -> dict[str, s
             fulltext_search(kb, parse_query(query), SearchFilters(), 50)
             times.append((time.perf_counter() - started) * 1000)
         results[f"fulltext {ranking}"] = _percentiles(times)
+        print(f"  {kb.name} fulltext {ranking}: {results[f'fulltext {ranking}']}", flush=True)
         if not vectors:
             continue
         times = []
@@ -219,6 +221,7 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool) -> dict[str, s
         finally:
             services.embed_query = original  # type: ignore[assignment]
         results[f"hybrid {ranking}"] = _percentiles(times)
+        print(f"  {kb.name} hybrid {ranking}: {results[f'hybrid {ranking}']}", flush=True)
     settings.FULLTEXT_RANKING = "bm25"
     return results
 
@@ -243,9 +246,17 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--no-vectors", action="store_true", help="只测全文（不写向量，不测混合）")
     parser.add_argument("--keep", action="store_true", help="结束后保留数据")
+    parser.add_argument("--reuse", action="store_true",
+                        help="只重测 --keep 留下的“占 100%%”知识库（不重新写入）")
+    parser.add_argument("--rankings", default="bm25,ts_rank_cd", help="要测的排序，逗号分隔")
     args = parser.parse_args()
     vectors = not args.no_vectors
     rows = args.rows
+    rankings = tuple(args.rankings.split(","))
+    if args.reuse:
+        whole = KnowledgeBase.objects.get(name="bench-fulltext-100pct")
+        measure(whole, _queries(range(0, rows), args.queries), vectors, rankings)
+        return
     with Pool(os.cpu_count() or 2) as pool:
         print(f"== 目标库占 10% 与 1%：{rows:,} 行，三个知识库", flush=True)
         ten, one, rest = _kb("bench-fulltext-10pct"), _kb("bench-fulltext-1pct"), _kb("bench-fulltext-filler")
@@ -255,8 +266,9 @@ def main() -> None:
     print(f"  写入 {seconds:.0f} s（{rows / seconds:,.0f} 行/s，含 tsvector 生成）", flush=True)
     seconds = build_statistics([ten, one, rest])
     print(f"  统计与倒排表 {seconds:.0f} s；{_sizes()}", flush=True)
-    report = {"10%": measure(ten, _queries(range(0, rows // 10), args.queries), vectors)}
-    report["1%"] = measure(one, _queries(range(rows // 10, rows // 10 + rows // 100), args.queries), vectors)
+    report = {"10%": measure(ten, _queries(range(0, rows // 10), args.queries), vectors, rankings)}
+    report["1%"] = measure(one, _queries(range(rows // 10, rows // 10 + rows // 100), args.queries), vectors,
+                          rankings)
     print(f"== 目标库占 100%：同一批 {rows:,} 行划给一个知识库", flush=True)
     whole = _kb("bench-fulltext-100pct")
     with connection.cursor() as cursor:
@@ -269,7 +281,7 @@ def main() -> None:
     drop([ten, one, rest])
     seconds = build_statistics([whole])
     print(f"  统计与倒排表 {seconds:.0f} s；{_sizes()}", flush=True)
-    report["100%"] = measure(whole, _queries(range(0, rows), args.queries), vectors)
+    report["100%"] = measure(whole, _queries(range(0, rows), args.queries), vectors, rankings)
     if not args.keep:
         drop([whole])
     print(f"\n结果（{rows:,} 行，每种 {args.queries} 个查询，数据库耗时）")

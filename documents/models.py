@@ -75,10 +75,11 @@ class Document(models.Model):
     next_retry_at = models.DateTimeField("下次自动重试", null=True, blank=True)
     # 执行者的租约（见 ops.locks.row_lease）：数据库重启会释放 advisory lock，租约却留在行里，
     # 提交时核对令牌，同一文档因此不会被两个 worker 同时处理、先后提交
-    lease_owner = models.CharField("租约持有者", max_length=64, blank=True, default="")
+    # db_default：滚动升级时还没换代码的进程插入文档不带这些列，数据库自己补上
+    lease_owner = models.CharField("租约持有者", max_length=64, blank=True, db_default="")
     lease_expires_at = models.DateTimeField("租约到期", null=True, blank=True)
     # 租约过期（执行它的 worker 被杀、OOM）的次数：两次即判定文件本身有害，直接失败，不再反复重跑
-    worker_deaths = models.PositiveSmallIntegerField("worker 意外退出次数", default=0)
+    worker_deaths = models.PositiveSmallIntegerField("worker 意外退出次数", db_default=0)
     # 重新索引期间文档保持 completed、旧分块照常可检索，新分块提交时原子替换
     reindex_status = models.CharField("重新索引", max_length=16, choices=Reindex.choices, blank=True, default="")
     request_id = models.CharField("发起请求 ID", max_length=64, blank=True, default="")

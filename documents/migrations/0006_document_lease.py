@@ -18,11 +18,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='document',
             name='lease_owner',
-            field=models.CharField(blank=True, default='', max_length=64, verbose_name='租约持有者'),
+            field=models.CharField(blank=True, db_default='', max_length=64, verbose_name='租约持有者'),
         ),
         migrations.AddField(
             model_name='document',
             name='worker_deaths',
-            field=models.PositiveSmallIntegerField(default=0, verbose_name='worker 意外退出次数'),
+            field=models.PositiveSmallIntegerField(db_default=0, verbose_name='worker 意外退出次数'),
         ),
     ]

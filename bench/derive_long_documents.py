@@ -1,0 +1,55 @@
+"""从 cmrc2018 派生“长文档”评测集：按固定种子把 8 篇百科条目拼成一份分章节的长文档。
+
+    .venv/bin/python bench/derive_long_documents.py ../shared/data/cmrc2018 var/eval-data/cmrc2018_long [册数]
+
+cmrc2018 的条目平均约 500 字，默认分块下几乎一篇一个分块，测不出“分块带标题上下文”与“分块大小”的差别。拼成长文档后
+（标题“百科选编 第 N 册”，每个条目是一个 ``## 条目名`` 章节），大多数分块落在章节中间、自己不含条目名，像真实的长报告、
+标书一样。问题与答案原样保留，qrels 改指向所在的长文档；answer-hit（前 k 个分块逐字含答案）与分块方式无关，是主要指标。
+给出册数时只取前这么多册（及答案在其中的问题），在慢机器上缩短摄取。
+派生数据只放在本地（var/ 不入库），源数据集的许可同样适用。
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+GROUP = 8
+
+
+def main(source: Path, target: Path, volumes: int | None = None) -> None:
+    articles = [json.loads(line) for line in (source / "documents.jsonl").open(encoding="utf-8") if line.strip()]
+    random.Random(20261124).shuffle(articles)
+    articles = articles[:volumes * GROUP] if volumes else articles
+    target.mkdir(parents=True, exist_ok=True)
+    owner: dict[str, str] = {}
+    with (target / "documents.jsonl").open("w", encoding="utf-8") as out:
+        for number, start in enumerate(range(0, len(articles), GROUP), start=1):
+            group = articles[start:start + GROUP]
+            doc_id = f"cmrc-long-{number:03d}"
+            for article in group:
+                owner[article["doc_id"]] = doc_id
+            text = "\n\n".join(f"## {a['title']}\n\n{a['text']}" for a in group)
+            out.write(json.dumps({"doc_id": doc_id, "title": f"百科选编 第 {number} 册", "text": text},
+                                 ensure_ascii=False) + "\n")
+    with (source / "qrels_doc.tsv").open(encoding="utf-8") as src, \
+            (target / "qrels_doc.tsv").open("w", encoding="utf-8") as dst:
+        dst.write(src.readline())
+        seen = set()
+        for line in src:
+            query, doc, score = line.rstrip("\n").split("\t")
+            if doc in owner and (query, owner[doc]) not in seen:
+                seen.add((query, owner[doc]))
+                dst.write(f"{query}\t{owner[doc]}\t{score}\n")
+    with (source / "queries.jsonl").open(encoding="utf-8") as src, \
+            (target / "queries.jsonl").open("w", encoding="utf-8") as dst:
+        asked = {query for query, _ in seen}
+        kept = [line for line in src if line.strip() and json.loads(line)["_id"] in asked]
+        dst.writelines(kept)
+    print(f"wrote {target}: {len(articles)} articles in {len(set(owner.values()))} documents, {len(kept)} questions")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
