@@ -21,6 +21,13 @@ class KnowledgeBase(models.Model):
         DISABLED = "disabled", "禁用"
         DELETED = "deleted", "已删除"
 
+    class VectorCompression(models.TextChoices):
+        """知识库自己的 HNSW 索引里存什么：堆里始终是 float32，压缩只影响索引（见 ``search.ann``）。"""
+
+        NONE = "none", "float32"
+        HALFVEC = "halfvec", "halfvec（半精度）"
+        BINARY = "binary", "二值量化 + 精确重排"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField("名称", max_length=255)
     description = models.TextField("描述", blank=True, default="")
@@ -33,6 +40,9 @@ class KnowledgeBase(models.Model):
     embedding_model = models.CharField("embedding 模型", max_length=255, default="multilingual-e5-small",
                                        editable=False)
     embedding_dimension = models.PositiveSmallIntegerField("向量维度", default=384, editable=False)
+    # 大知识库自己的 ANN 索引用什么向量；改了之后由定时任务按新方式重建
+    vector_compression = models.CharField("向量索引压缩", max_length=8, choices=VectorCompression.choices,
+                                          default=VectorCompression.NONE)
     # 默认分块参数（strategy/chunk_size/overlap/parent_size），上传时可逐个文档覆盖
     chunking = models.JSONField("分块参数", default=dict, blank=True)
     # 知识条目的分块参数（默认 recursive 1000/200 字符）；空表示取默认值
