@@ -35,6 +35,9 @@ class KnowledgeBaseCreateSerializer(StrictSerializer):
                                           help_text="默认取 RAG_EMBEDDING_PROVIDER / RAG_EMBEDDING_MODEL")
     chunking = ChunkingSerializer(required=False, help_text="该知识库的默认分块参数，上传时可覆盖")
     item_chunking = ChunkingSerializer(required=False, help_text="知识条目的分块参数，默认 recursive 1000/200 字符")
+    vector_compression = serializers.ChoiceField(
+        choices=KnowledgeBase.VectorCompression.choices, required=False,
+        help_text="大知识库自己的 HNSW 索引里存的向量：none（float32，默认）、halfvec、binary（二值量化 + 精确重排）")
 
 
 class KnowledgeBaseUpdateSerializer(StrictSerializer):
@@ -43,6 +46,9 @@ class KnowledgeBaseUpdateSerializer(StrictSerializer):
     name = _name_field(required=False)
     description = serializers.CharField(max_length=10000, required=False, allow_blank=True)
     status = serializers.CharField(required=False)
+    vector_compression = serializers.ChoiceField(
+        choices=KnowledgeBase.VectorCompression.choices, required=False,
+        help_text="改了之后由定时任务按新方式重建该知识库自己的 HNSW 索引（CONCURRENTLY，期间照常检索）")
 
     def validate_status(self, value: str) -> str:
         if value == KnowledgeBase.Status.DELETED:
@@ -68,7 +74,8 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "status", "embedding_provider", "embedding_model",
-                  "embedding_dimension", "chunking", "item_chunking", "created_at", "updated_at", "deleted_at",
+                  "embedding_dimension", "vector_compression", "chunking", "item_chunking", "created_at",
+                  "updated_at", "deleted_at",
                   "cleanup_task_id"]
 
     def get_cleanup_task_id(self, obj: KnowledgeBase) -> str | None:
