@@ -54,6 +54,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper  # noqa: E402
 
 from documents.models import Document, DocumentChunk, hnsw_index  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
+from search.ann import kb_index_drop  # noqa: E402
 from search.fulltext import document_terms  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -382,7 +383,9 @@ def relation_sizes(connection: BaseDatabaseWrapper, indexes: Sequence[str]) -> d
 
 
 def _drop_kb(connection: BaseDatabaseWrapper, kb: KnowledgeBase) -> None:
-    """按 SQL 删除一个知识库的全部数据（ORM 级联删除要把 100 万个分块读进内存）。"""
+    """按 SQL 删除一个知识库的全部数据（ORM 级联删除要把 100 万个分块读进内存），连同它自己的 HNSW 索引。"""
+    if not connection.in_atomic_block:  # DROP INDEX CONCURRENTLY 不能在事务里；事务（测试）回滚时索引也随之消失
+        kb_index_drop(kb_id=kb.id)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM document_chunks WHERE knowledge_base_id = %s", [kb.id])
         cursor.execute("DELETE FROM documents WHERE knowledge_base_id = %s", [kb.id])

@@ -298,7 +298,9 @@ ANN_KB_INDEX_MIN_CHUNKS = env_int(
 ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 100, "走知识库自己的 HNSW 索引时的 hnsw.ef_search",
                         minimum=1, maximum=1000)
 ANN_OVERSAMPLE = env_int("RAG_ANN_OVERSAMPLE", 4,
-                         "halfvec/二值量化索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
+                         "halfvec 索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
+ANN_BINARY_OVERSAMPLE = env_int("RAG_ANN_BINARY_OVERSAMPLE", 10,
+                                "二值量化索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
 ANN_BUILD_MEMORY_MB = env_int("RAG_ANN_BUILD_MEMORY_MB", 1024,
                               "建知识库 HNSW 索引时的 maintenance_work_mem（MB）；图放不进时建索引慢一个数量级",
                               minimum=64)

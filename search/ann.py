@@ -9,9 +9,9 @@
 选择顺序（``exact`` 未指定时由调用方按分块数决定，见 ``search.services``）：
 
 1. 小知识库（≤ ``RAG_EXACT_SEARCH_MAX_CHUNKS``）精确扫描，召回 100%；
-2. 知识库有建好的（``indisvalid``）自己的索引：走它（``RAG_ANN_EF_SEARCH``）。``vector_compression`` 为
-   halfvec / binary 时索引里存压缩向量，按压缩距离取 ``limit * RAG_ANN_OVERSAMPLE`` 个候选，
-   再用堆里的 float32 向量精确重排；
+2. 知识库有建好的（``indisvalid``）自己的索引：走它（ef_search 取 ``RAG_ANN_EF_SEARCH`` 与候选数两倍的较大者）。
+   ``vector_compression`` 为 halfvec / binary 时索引里存压缩向量，按压缩距离多取几倍候选（``RAG_ANN_OVERSAMPLE``、
+   ``RAG_ANN_BINARY_OVERSAMPLE``），再用堆里的 float32 向量精确重排；
 3. 否则走共享索引的迭代扫描（``RAG_HNSW_EF_SEARCH``；自己的索引还没建好）。
 
 2、3 在候选数不够时（过滤太严）都退回精确扫描，候选数永远拿满。
@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,15 +38,19 @@ from knowledge.models import KnowledgeBase
 
 logger = structlog.get_logger(__name__)
 
-# 压缩方式 → (索引表达式, 操作符类, 查询里的距离表达式)；{dim} 是白名单里的维度，{q} 是查询向量的占位
+# 压缩方式 → (索引表达式, 操作符类, 查询里的距离表达式)；{dim} 是白名单里的维度，{q} 是查询向量的占位，
+# {center} 是二值量化前减去的知识库均值向量（见 :func:`_center_literal`）
 _COMPRESSION_SQL = {
     KnowledgeBase.VectorCompression.NONE: (
         "(embedding::vector({dim}))", "vector_cosine_ops", "(c.embedding::vector({dim})) <=> {q}::vector({dim})"),
     KnowledgeBase.VectorCompression.HALFVEC: (
         "(embedding::halfvec({dim}))", "halfvec_cosine_ops", "(c.embedding::halfvec({dim})) <=> {q}::halfvec({dim})"),
+    # e5 一类模型的向量共有一个很大的公共分量，直接取符号位几乎所有向量都一样（召回 0.2~0.3）；先减去本库的均值向量
+    # 再量化，符号位才反映向量之间的差别。均值写进索引表达式本身，查询时从索引定义里读回，两边永远一致
     KnowledgeBase.VectorCompression.BINARY: (
-        "(binary_quantize(embedding::vector({dim}))::bit({dim}))", "bit_hamming_ops",
-        "binary_quantize(c.embedding::vector({dim}))::bit({dim}) <~> binary_quantize({q}::vector({dim}))"),
+        "(binary_quantize((embedding::vector({dim})) - {center}::vector({dim}))::bit({dim}))", "bit_hamming_ops",
+        "binary_quantize((c.embedding::vector({dim})) - {center}::vector({dim}))::bit({dim})"
+        " <~> binary_quantize({q}::vector({dim}) - {center}::vector({dim}))"),
 }
 _OPCLASS_COMPRESSION = {opclass: compression for compression, (_, opclass, _) in _COMPRESSION_SQL.items()}
 # 知识库自己的图按这个 ef_construction 建：100k 分块上 64 → 200 让 ef_search=100 的召回从 0.92 升到 1.0，
@@ -62,11 +67,16 @@ def kb_index_name(kb_id: uuid.UUID) -> str:
 
 @dataclass(frozen=True)
 class KbIndex:
-    """库里实际存在的一个知识库索引：压缩方式取自它的操作符类，``valid`` 为假表示 CONCURRENTLY 建到一半失败。"""
+    """库里实际存在的一个知识库索引：压缩方式取自它的操作符类，``valid`` 为假表示 CONCURRENTLY 建到一半失败；
+    ``center`` 是二值量化索引表达式里的均值向量字面量（其他压缩为空）。"""
 
     name: str
     compression: str
     valid: bool
+    center: str = ""
+
+
+_CENTER = re.compile(r"'(\[[-0-9.,e+ ]*\])'::vector")
 
 
 def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:
@@ -74,21 +84,37 @@ def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:
     name = kb_index_name(kb_id)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT i.indisvalid AND i.indisready, o.opcname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
-            " JOIN pg_opclass o ON o.oid = i.indclass[0] WHERE c.relname = %s", [name])
+            "SELECT i.indisvalid AND i.indisready, o.opcname, pg_get_indexdef(c.oid) FROM pg_class c"
+            " JOIN pg_index i ON i.indexrelid = c.oid JOIN pg_opclass o ON o.oid = i.indclass[0]"
+            " WHERE c.relname = %s", [name])
         row = cursor.fetchone()
     if row is None:
         return None
-    return KbIndex(name, _OPCLASS_COMPRESSION.get(row[1], ""), bool(row[0]))
+    center = _CENTER.search(row[2])
+    return KbIndex(name, _OPCLASS_COMPRESSION.get(row[1], ""), bool(row[0]), f"'{center.group(1)}'" if center else "")
+
+
+def _center_literal(kb: KnowledgeBase) -> str:
+    """知识库全部向量的均值，写成 SQL 字面量（只含数字、逗号与方括号，由正则把关）。"""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT avg(embedding::vector({int(kb.embedding_dimension)}))::text FROM document_chunks"
+                       f" WHERE {_kb_predicate(kb)}")
+        value = cursor.fetchone()[0]
+    literal = f"'{value}'::vector"
+    if value is None or not _CENTER.fullmatch(literal):
+        raise ValueError(f"knowledge base {kb.id} has no vectors to centre")
+    return f"'{value}'"
 
 
 def kb_index_sql(kb: KnowledgeBase, *, concurrently: bool = True) -> str:
     """建知识库自己的部分 HNSW 索引的 SQL；谓词与 :func:`ann_search` 的查询条件字面一致，规划器才会选它。"""
-    expression, opclass, _ = _COMPRESSION_SQL[KnowledgeBase.VectorCompression(kb.vector_compression)]
+    compression = KnowledgeBase.VectorCompression(kb.vector_compression)
+    expression, opclass, _ = _COMPRESSION_SQL[compression]
     dim = int(kb.embedding_dimension)
+    center = _center_literal(kb) if compression == KnowledgeBase.VectorCompression.BINARY else ""
     return (
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {kb_index_name(kb.id)}"
-        f" ON document_chunks USING hnsw ({expression.format(dim=dim)} {opclass})"
+        f" ON document_chunks USING hnsw ({expression.format(dim=dim, center=center)} {opclass})"
         f" WITH (m = {HNSW_M}, ef_construction = {KB_INDEX_EF_CONSTRUCTION})"
         f" WHERE {_kb_predicate(kb)}"
     )
@@ -182,8 +208,9 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
     if state and state.valid:
         compression = KnowledgeBase.VectorCompression(state.compression)
         method = "kb_index" + ("" if compression == KnowledgeBase.VectorCompression.NONE else f":{compression}")
-        sql, args, candidates = _kb_index_query(kb, compression, scope, params, query, limit)
-        rows = _run(sql, args, max(settings.ANN_EF_SEARCH, candidates))
+        sql, args, candidates = _kb_index_query(kb, compression, state.center, scope, params, query, limit)
+        # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95
+        rows = _run(sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates))
     else:
         method = "hnsw"
         distance = _COMPRESSION_SQL[KnowledgeBase.VectorCompression.NONE][2].format(dim=dim, q="%s")
@@ -203,17 +230,18 @@ def _exact_sql(dim: int, scope: str) -> str:
             f" SELECT id, embedding <=> %s::vector({dim}) AS distance FROM scoped ORDER BY distance, id LIMIT %s")
 
 
-def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompression, scope: str,
+def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompression, center: str, scope: str,
                     params: Sequence[Any], query: str, limit: int) -> tuple[str, list[Any], int]:
     """走知识库自己的索引的 SQL、参数，以及向索引要的候选数（ef_search 不能比它小）。"""
     dim = int(kb.embedding_dimension)
-    distance = _COMPRESSION_SQL[compression][2].format(dim=dim, q="%s")
+    distance = _COMPRESSION_SQL[compression][2].format(dim=dim, q="%s", center=center)
     where = f"{_kb_predicate(kb, 'c.')} AND {scope}"
     if compression == KnowledgeBase.VectorCompression.NONE:
         sql = f"SELECT c.id, {distance} AS distance FROM document_chunks c WHERE {where} ORDER BY distance LIMIT %s"
         return sql, [query, *params, limit], limit
     # 压缩距离只用来取候选：多取 oversample 倍，再用堆里的 float32 向量精确重排，返回的距离与精确扫描同一尺度
-    candidates = limit * settings.ANN_OVERSAMPLE
+    candidates = limit * (settings.ANN_BINARY_OVERSAMPLE if compression == KnowledgeBase.VectorCompression.BINARY
+                          else settings.ANN_OVERSAMPLE)
     sql = (f"WITH candidates AS MATERIALIZED (SELECT c.id, c.embedding FROM document_chunks c WHERE {where}"
            f" ORDER BY {distance} LIMIT %s)"
            f" SELECT id, embedding::vector({dim}) <=> %s::vector({dim}) AS distance FROM candidates"

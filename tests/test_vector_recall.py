@@ -182,7 +182,7 @@ def test_kb_indexes_sync_builds_rebuilds_and_drops(settings: Any) -> None:
             assert ann.kb_indexes_sync() == {"built": expected, "dropped": []}
             hits, method = vector_search(kb, query, filters, 15)
             assert method == ("kb_index" if compression == "none" else f"kb_index:{compression}")
-            # 60 行 = 15 * oversample：重排后就是精确结果，距离也与精确扫描相同
+            # 60 行不超过 15 * 各压缩的 oversample：重排后就是精确结果，距离也与精确扫描相同
             if compression != "none":
                 assert hits == truth
         kb.status = KnowledgeBase.Status.DELETED
