@@ -295,7 +295,7 @@ HNSW_MAX_SCAN_TUPLES = env_int("RAG_HNSW_MAX_SCAN_TUPLES", 20000,
 ANN_KB_INDEX_MIN_CHUNKS = env_int(
     "RAG_ANN_KB_INDEX_MIN_CHUNKS", 20000,
     "知识库可检索分块达到此数时为它单独建部分 HNSW 索引（定时任务，CONCURRENTLY）", minimum=1)
-ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 100, "走知识库自己的 HNSW 索引时的 hnsw.ef_search",
+ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 200, "走知识库自己的 HNSW 索引时的 hnsw.ef_search",
                         minimum=1, maximum=1000)
 ANN_OVERSAMPLE = env_int("RAG_ANN_OVERSAMPLE", 4,
                          "halfvec 索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
