@@ -79,10 +79,6 @@ def _resolve_embedding(provider: str | None, model: str | None) -> tuple[str, st
     return provider, model, dimension
 
 
-# 从这个维度起，新知识库自己的 HNSW 索引默认存 halfvec
-HALFVEC_MIN_DIMENSION = 768
-
-
 @transaction.atomic
 def knowledge_base_create(
     *,
@@ -92,14 +88,9 @@ def knowledge_base_create(
     embedding: dict[str, str] | None = None,
     chunking: dict[str, Any] | None = None,
     item_chunking: dict[str, Any] | None = None,
-    vector_compression: str | None = None,
+    vector_compression: str = KnowledgeBase.VectorCompression.HALFVEC,
 ) -> KnowledgeBase:
-    """创建知识库，默认 enabled；embedding 模型与维度在此确定且此后不变。
-
-    ``vector_compression`` 不给时按维度选：≥ 768 维（BGE-M3 是 1024 维）用 halfvec——1024 维 5 万分块上索引只有
-    float32 的三分之一、召回相同、检索更快；384 维的小模型 float32 索引本来就小，halfvec 反而让召回@15 从 1.0 掉到 0.95
-    （bench/README.md 的“向量路随规模”）。
-    """
+    """创建知识库，默认 enabled；embedding 模型与维度在此确定且此后不变。"""
     from documents.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
 
     authorize_global_write(principal)
@@ -110,9 +101,7 @@ def knowledge_base_create(
         embedding_dimension=dimension, chunking=options_dict(chunking_options(chunking or {})),
         item_chunking=options_dict(chunking_options(ITEM_CHUNKING_DEFAULTS, item_chunking or {},
                                                     field_name="item_chunking")),
-        vector_compression=vector_compression or (
-            KnowledgeBase.VectorCompression.HALFVEC if dimension >= HALFVEC_MIN_DIMENSION
-            else KnowledgeBase.VectorCompression.NONE),
+        vector_compression=vector_compression,
     )
     _save_unique_name(kb, force_insert=True)
     logger.info("knowledge_base_created", knowledge_base_id=str(kb.id), name=name)

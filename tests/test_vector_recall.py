@@ -140,14 +140,16 @@ def test_ten_percent_knowledge_base_uses_its_own_index_with_full_recall(settings
         cursor.execute(ann.kb_index_sql(target, concurrently=False))
     own = {limit: recall(limit) for limit in (15, 100)}
     print("recall of a 10% knowledge base through its own index:", own)
-    assert vector_search(target, queries[0], filters, 15)[1] == "kb_index"
+    assert vector_search(target, queries[0], filters, 15)[1] == "kb_index:halfvec"  # 默认的压缩方式
     assert min(own.values()) >= 0.95, own
 
-    # 规划器确实用了这个知识库自己的索引，而不是共享索引或 b-tree + 排序
+    # 这个知识库自己的索引能被规划器选中（谓词与查询条件匹配），而不是共享索引。3,000 行时规划器可能觉得
+    # b-tree + 排序更便宜（结果同样精确）；关掉排序只为确认索引可用，10 万分块时它自己就选索引（bench 的延迟）
     with CaptureQueriesContext(connection) as captured:
         vector_search(target, queries[0], filters, 15)
     statement = next(q["sql"] for q in captured.captured_queries if "<=>" in q["sql"])
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_sort = off")
         cursor.execute("EXPLAIN " + statement)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert ann.kb_index_name(target.id) in plan, plan
@@ -171,15 +173,15 @@ def test_kb_indexes_sync_builds_rebuilds_and_drops(settings: Any) -> None:
         assert vector_search(kb, query, filters, 15)[1] == "hnsw"  # 索引建好之前走共享索引
         assert sync_vector_indexes() is None
         state = ann.kb_index_state(kb.id)
-        assert state == ann.KbIndex(ann.kb_index_name(kb.id), "none", True)
+        assert state == ann.KbIndex(ann.kb_index_name(kb.id), "halfvec", True)  # 默认的压缩方式
         assert ann.kb_index_state(small.id) is None  # 不到阈值的不建
         assert ann.kb_indexes_sync() == {"built": [], "dropped": []}  # 幂等
         truth, _ = vector_search(kb, query, filters, 15, exact=True)
-        for compression in ("none", "halfvec", "binary"):
-            kb.vector_compression = compression
-            kb.save(update_fields=["vector_compression"])
-            expected = [] if compression == "none" else [str(kb.id)]
-            assert ann.kb_indexes_sync() == {"built": expected, "dropped": []}
+        for compression in ("halfvec", "binary", "none"):
+            if compression != kb.vector_compression:
+                kb.vector_compression = compression
+                kb.save(update_fields=["vector_compression"])
+                assert ann.kb_indexes_sync() == {"built": [str(kb.id)], "dropped": []}
             hits, method = vector_search(kb, query, filters, 15)
             assert method == ("kb_index" if compression == "none" else f"kb_index:{compression}")
             # 60 行不超过 15 * 各压缩的 oversample：重排后就是精确结果，距离也与精确扫描相同

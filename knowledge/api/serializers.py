@@ -37,8 +37,8 @@ class KnowledgeBaseCreateSerializer(StrictSerializer):
     item_chunking = ChunkingSerializer(required=False, help_text="知识条目的分块参数，默认 recursive 1000/200 字符")
     vector_compression = serializers.ChoiceField(
         choices=KnowledgeBase.VectorCompression.choices, required=False,
-        help_text="大知识库自己的 HNSW 索引里存的向量：none（float32）、halfvec、binary（二值量化 + 精确重排）；"
-                  "不给时 ≥ 768 维的模型用 halfvec，否则 none")
+        help_text="大知识库自己的 HNSW 索引里存的向量：halfvec（默认，半精度 + 精确重排）、none（float32）、"
+                  "binary（二值量化 + 精确重排）")
 
 
 class KnowledgeBaseUpdateSerializer(StrictSerializer):

@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='knowledgebase',
             name='vector_compression',
-            field=models.CharField(choices=[('none', 'float32'), ('halfvec', 'halfvec（半精度）'), ('binary', '二值量化 + 精确重排')], default='none', max_length=8, verbose_name='向量索引压缩'),
+            field=models.CharField(choices=[('none', 'float32'), ('halfvec', 'halfvec（半精度）'), ('binary', '二值量化 + 精确重排')], default='halfvec', max_length=8, verbose_name='向量索引压缩'),
         ),
         migrations.RunPython(create_schedule, delete_schedule),
     ]
