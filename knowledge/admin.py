@@ -20,7 +20,8 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
     list_display = ["name", "status", "created_at", "updated_at", "deleted_at"]
     list_filter = ["status"]
     search_fields = ["name", "description"]
-    readonly_fields = ["id", "created_at", "updated_at", "deleted_at"]
+    # 向量索引压缩只读显示：改它会让定时任务重建该库的 HNSW 索引，经 API 的 PATCH 修改
+    readonly_fields = ["id", "vector_compression", "created_at", "updated_at", "deleted_at"]
     actions = ["enable", "disable", "soft_delete"]
 
     def has_change_permission(self, request: HttpRequest, obj: KnowledgeBase | None = None) -> bool:

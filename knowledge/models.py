@@ -21,6 +21,13 @@ class KnowledgeBase(models.Model):
         DISABLED = "disabled", "禁用"
         DELETED = "deleted", "已删除"
 
+    class VectorCompression(models.TextChoices):
+        """知识库自己的 HNSW 索引里存什么：堆里始终是 float32，压缩只影响索引（见 ``search.ann``）。"""
+
+        NONE = "none", "float32"
+        HALFVEC = "halfvec", "halfvec（半精度）"
+        BINARY = "binary", "二值量化 + 精确重排"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField("名称", max_length=255)
     description = models.TextField("描述", blank=True, default="")
@@ -33,6 +40,11 @@ class KnowledgeBase(models.Model):
     embedding_model = models.CharField("embedding 模型", max_length=255, default="multilingual-e5-small",
                                        editable=False)
     embedding_dimension = models.PositiveSmallIntegerField("向量维度", default=384, editable=False)
+    # 大知识库自己的 ANN 索引用什么向量；改了之后由定时任务按新方式重建。默认 halfvec：1M 行里占 10% 的 10 万分块
+    # 知识库上，halfvec 索引 112 MB（float32 195 MB）、召回相同或更高（多取 4 倍候选再精确重排）、检索更快；
+    # 1024 维时索引只有 float32 的三分之一（bench/README.md 的“向量路随规模”）
+    vector_compression = models.CharField("向量索引压缩", max_length=8, choices=VectorCompression.choices,
+                                          default=VectorCompression.HALFVEC)
     # 默认分块参数（strategy/chunk_size/overlap/parent_size），上传时可逐个文档覆盖
     chunking = models.JSONField("分块参数", default=dict, blank=True)
     # 知识条目的分块参数（默认 recursive 1000/200 字符）；空表示取默认值

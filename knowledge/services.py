@@ -97,6 +97,7 @@ def knowledge_base_create(
     embedding: dict[str, str] | None = None,
     chunking: dict[str, Any] | None = None,
     item_chunking: dict[str, Any] | None = None,
+    vector_compression: str = KnowledgeBase.VectorCompression.HALFVEC,
 ) -> KnowledgeBase:
     """创建知识库，默认 enabled；embedding 模型与维度在此确定且此后不变。"""
     from documents.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
@@ -109,6 +110,7 @@ def knowledge_base_create(
         embedding_dimension=dimension, chunking=options_dict(chunking_options(chunking or {})),
         item_chunking=options_dict(chunking_options(ITEM_CHUNKING_DEFAULTS, item_chunking or {},
                                                     field_name="item_chunking")),
+        vector_compression=vector_compression,
     )
     _save_unique_name(kb, force_insert=True)
     logger.info("knowledge_base_created", knowledge_base_id=str(kb.id), name=name)
@@ -119,12 +121,12 @@ def knowledge_base_create(
 def knowledge_base_update(
     *, principal: Principal, kb_id: str | uuid.UUID, changes: dict[str, Any]
 ) -> KnowledgeBase:
-    """修改 name / description / status（enabled|disabled）。已删除的知识库一律 409。"""
+    """修改 name / description / status（enabled|disabled）/ vector_compression。已删除的知识库一律 409。"""
     kb = knowledge_base_fetch(kb_id=kb_id, for_update=True)
     if kb.is_deleted:
         raise _knowledge_base_deleted(kb)
     authorize_knowledge_base(principal, kb.id, write=True)
-    fields = [name for name in ("name", "description", "status") if name in changes]
+    fields = [name for name in ("name", "description", "status", "vector_compression") if name in changes]
     for name in fields:
         setattr(kb, name, changes[name])
     if fields:

@@ -7,6 +7,7 @@ import uuid
 from knowledge.cleanup import cleanup_run
 from ops.context import task_context
 from ops.retry import database_ready
+from search.ann import kb_indexes_sync
 
 
 def run_cleanup(task_id: str, attempt: int = 1, request_id: str | None = None) -> None:
@@ -15,3 +16,9 @@ def run_cleanup(task_id: str, attempt: int = 1, request_id: str | None = None) -
         # 数据库重启过的话，worker 手里的连接已经死了：先换一条能用的
         database_ready()
         cleanup_run(task_id=uuid.UUID(task_id), attempt=attempt)
+
+
+def sync_vector_indexes() -> None:
+    """按分块数为大知识库建或删自己的 HNSW 索引（``search.ann``）；定时执行，幂等。"""
+    with task_context("ann_index_sync", None):
+        kb_indexes_sync()

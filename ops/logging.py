@@ -22,9 +22,9 @@ _SHARED_PROCESSORS: list[Any] = [
 ]
 
 
-# 每分钟一次的回收器：django-q2 为它打的“从计划创建任务 / processing / 已处理”几行，以及不带任何任务信息的
-# “Enqueued [ragservice] N”，只在 debug 级别出现
-ROUTINE_TASK_MARKERS = ("reap_stale_tasks", "Enqueued [")
+# 每分钟一次的回收器与每 5 分钟一次的向量索引同步：django-q2 为它们打的“从计划创建任务 / processing / 已处理”几行，
+# 以及不带任何任务信息的“Enqueued [ragservice] N”，只在 debug 级别出现
+ROUTINE_TASK_MARKERS = ("reap_stale_tasks", "sync_vector_indexes", "Enqueued [")
 
 
 class RoutineTaskFilter(logging.Filter):

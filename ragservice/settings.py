@@ -380,6 +380,18 @@ EXACT_SEARCH_MAX_CHUNKS = env_int(
     "知识库可检索分块不超过此数时向量检索走精确扫描（召回 100%），更大的走 HNSW 迭代扫描", minimum=0)
 HNSW_MAX_SCAN_TUPLES = env_int("RAG_HNSW_MAX_SCAN_TUPLES", 20000,
                                "HNSW 迭代扫描最多访问的元组数（hnsw.max_scan_tuples）", minimum=1)
+ANN_KB_INDEX_MIN_CHUNKS = env_int(
+    "RAG_ANN_KB_INDEX_MIN_CHUNKS", 20000,
+    "知识库可检索分块达到此数时为它单独建部分 HNSW 索引（定时任务，CONCURRENTLY）", minimum=1)
+ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 200, "走知识库自己的 HNSW 索引时的 hnsw.ef_search",
+                        minimum=1, maximum=1000)
+ANN_OVERSAMPLE = env_int("RAG_ANN_OVERSAMPLE", 4,
+                         "halfvec 索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
+ANN_BINARY_OVERSAMPLE = env_int("RAG_ANN_BINARY_OVERSAMPLE", 10,
+                                "二值量化索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
+ANN_BUILD_MEMORY_MB = env_int("RAG_ANN_BUILD_MEMORY_MB", 1024,
+                              "建知识库 HNSW 索引时的 maintenance_work_mem（MB）；图放不进时建索引慢一个数量级",
+                              minimum=64)
 QUERY_EMBEDDING_CACHE_SIZE = env_int("RAG_QUERY_EMBEDDING_CACHE_SIZE", 1024,
                                      "查询向量 LRU 缓存条数（0 关闭）", minimum=0)
 PARENT_WINDOW_CHARS = env_int("RAG_PARENT_WINDOW_CHARS", 2000,

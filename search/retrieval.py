@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db import transaction
 
 from documents.models import SUPPORTED_DIMENSIONS, Document
 from knowledge.models import KnowledgeBase
 from ragservice.routers import search_connection
-from search import bm25
+from search import ann, bm25
 from search.fulltext import ParsedQuery
 
 
@@ -101,17 +100,14 @@ def searchable_chunk_estimate(kb: KnowledgeBase) -> int:
 
 def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFilters, limit: int,
                   *, exact: bool | None = None, exclude: str = "") -> tuple[list[PathHit], str]:
-    """按余弦距离升序取前 ``limit`` 个分块，返回 (命中, 所用方法 "exact"、"hnsw" 或 "hnsw+exact")。
+    """按余弦距离升序取前 ``limit`` 个分块，返回 (命中, 所用方法，见 :func:`search.ann.ann_search`)。
 
-    小知识库（≤ RAG_EXACT_SEARCH_MAX_CHUNKS）精确扫描：先用 b-tree 圈出本库的行再逐一算距离，召回 100%，
-    且不受其他知识库的行数影响。大知识库走该维度的部分 HNSW 索引，开启 pgvector 0.8 的迭代扫描
-    （strict_order）：过滤掉其他知识库的行后候选不足时继续扫描，直到凑够 ``limit`` 或达到
-    RAG_HNSW_MAX_SCAN_TUPLES。``exact`` 显式指定时覆盖自动选择（基准与测试用）。
-    ``exclude`` 是布尔查询里 ``-词`` 的 tsquery：向量路同样排除含这些词的分块，两路语义一致。
+    小知识库（≤ RAG_EXACT_SEARCH_MAX_CHUNKS）精确扫描，召回 100%；大知识库由 :mod:`search.ann` 选择
+    知识库自己的部分 HNSW 索引或共享索引的迭代扫描，凑不满候选时退回精确扫描。``exact`` 显式指定时覆盖
+    自动选择（基准与测试用）。``exclude`` 是布尔查询里 ``-词`` 的 tsquery：向量路同样排除含这些词的分块。
     """
-    dim = kb.embedding_dimension
-    if dim not in SUPPORTED_DIMENSIONS:
-        raise ValueError(f"unsupported embedding dimension {dim}")
+    if kb.embedding_dimension not in SUPPORTED_DIMENSIONS:
+        raise ValueError(f"unsupported embedding dimension {kb.embedding_dimension}")
     if exact is None:
         exact = searchable_chunk_estimate(kb) <= settings.EXACT_SEARCH_MAX_CHUNKS
     scope, params = _scope_sql(kb, filters)
@@ -119,37 +115,8 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
         scope += " AND NOT (coalesce(c.search_vector, ''::tsvector) @@ %s::tsquery)"
         params.append(exclude)
     literal = "[" + ",".join(f"{x:.7g}" for x in np.asarray(query_vector, dtype=np.float32).tolist()) + "]"
-    # 维度来自受支持维度的白名单，只能是整数，可以安全地拼进 SQL（表达式索引要求字面的类型修饰）
-    if exact:
-        sql = (
-            f"WITH scoped AS MATERIALIZED (SELECT c.id, c.embedding::vector({dim}) AS embedding"
-            f" FROM document_chunks c WHERE c.embedding_dim = {dim} AND {scope})"
-            f" SELECT id, embedding <=> %s::vector({dim}) AS distance FROM scoped ORDER BY distance, id LIMIT %s"
-        )
-    else:
-        sql = (
-            f"SELECT c.id, (c.embedding::vector({dim})) <=> %s::vector({dim}) AS distance"
-            f" FROM document_chunks c WHERE c.embedding_dim = {dim} AND {scope}"
-            f" ORDER BY distance LIMIT %s"
-        )
-    args = [literal, *params, limit] if not exact else [*params, literal, limit]
-    conn = search_connection()  # 有只读副本时走副本（ragservice.routers）
-    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-        if not exact:
-            # SET LOCAL 只在本事务内生效，不影响连接上的其他查询
-            cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
-                           " set_config('hnsw.iterative_scan', 'strict_order', true),"
-                           " set_config('hnsw.max_scan_tuples', %s, true)",
-                           [str(min(max(settings.HNSW_EF_SEARCH, limit), 1000)),
-                            str(settings.HNSW_MAX_SCAN_TUPLES)])
-        cursor.execute(sql, args)
-        rows = cursor.fetchall()
-    hits = [PathHit(int(chunk_id), float(distance)) for chunk_id, distance in rows]
-    if not exact and len(hits) < limit:
-        # 迭代扫描在 max_scan_tuples 内没凑够候选（知识库在全表中占比太小、过滤条件太严）：
-        # 退回精确扫描，候选数永远是 min(limit, 范围内的行数)
-        return vector_search(kb, query_vector, filters, limit, exact=True, exclude=exclude)[0], "hnsw+exact"
-    return hits, "exact" if exact else "hnsw"
+    rows, method = ann.ann_search(kb, query=literal, scope=scope, params=params, limit=limit, exact=exact)
+    return [PathHit(chunk_id, distance) for chunk_id, distance in rows], method
 
 
 @dataclass(frozen=True)

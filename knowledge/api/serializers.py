@@ -36,6 +36,10 @@ class KnowledgeBaseCreateSerializer(StrictSerializer):
                                           help_text="默认取 RAG_EMBEDDING_PROVIDER / RAG_EMBEDDING_MODEL")
     chunking = ChunkingSerializer(required=False, help_text="该知识库的默认分块参数，上传时可覆盖")
     item_chunking = ChunkingSerializer(required=False, help_text="知识条目的分块参数，默认 recursive 1000/200 字符")
+    vector_compression = serializers.ChoiceField(
+        choices=KnowledgeBase.VectorCompression.choices, required=False,
+        help_text="大知识库自己的 HNSW 索引里存的向量：halfvec（默认，半精度 + 精确重排）、none（float32）、"
+                  "binary（二值量化 + 精确重排）")
 
 
 class KnowledgeBaseUpdateSerializer(StrictSerializer):
@@ -48,6 +52,9 @@ class KnowledgeBaseUpdateSerializer(StrictSerializer):
         error_messages={"invalid_choice": "Must be one of: enabled, disabled. "
                                           "Use DELETE /knowledge_bases/{{id}} to delete a knowledge base."},
     )
+    vector_compression = serializers.ChoiceField(
+        choices=KnowledgeBase.VectorCompression.choices, required=False,
+        help_text="改了之后由定时任务按新方式重建该知识库自己的 HNSW 索引（CONCURRENTLY，期间照常检索）")
 
 
 class KnowledgeBaseListQuerySerializer(PageQuerySerializer):
@@ -64,7 +71,8 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "status", "embedding_provider", "embedding_model",
-                  "embedding_dimension", "chunking", "item_chunking", "created_at", "updated_at", "deleted_at",
+                  "embedding_dimension", "vector_compression", "chunking", "item_chunking", "created_at",
+                  "updated_at", "deleted_at",
                   "cleanup_task_id"]
 
     def get_cleanup_task_id(self, obj: KnowledgeBase) -> str | None:

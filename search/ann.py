@@ -1,0 +1,266 @@
+"""向量路的近似最近邻（ANN）策略：精确扫描、知识库自己的部分 HNSW 索引、共享 HNSW 的迭代扫描。
+
+为什么要有知识库自己的索引：按维度的共享 HNSW 图里混着所有知识库的行，只按知识库过滤时图上的近邻关系断裂，
+迭代扫描召回只有 0.8~0.9；共享图按 ``ef_construction = 64`` 建，在校准过的 e5 式向量（两两余弦都在 0.85 左右，
+区分度小）上即使知识库独占整表，ef_search=40 的召回也只有 0.7~0.85。知识库自己的部分索引
+（``WHERE knowledge_base_id = …``）用更高的 ``ef_construction``（:data:`KB_INDEX_EF_CONSTRUCTION`）建，
+配 ``RAG_ANN_EF_SEARCH``，召回 ≥ 0.95 而且比精确扫描快一个数量级（实测见 bench/README.md 的“向量路随规模”）。
+
+选择顺序（``exact`` 未指定时由调用方按分块数决定，见 ``search.services``）：
+
+1. 小知识库（≤ ``RAG_EXACT_SEARCH_MAX_CHUNKS``）精确扫描，召回 100%；
+2. 知识库有建好的（``indisvalid``）自己的索引：走它（ef_search 取 ``RAG_ANN_EF_SEARCH`` 与候选数两倍的较大者）。
+   ``vector_compression`` 为 halfvec / binary 时索引里存压缩向量，按压缩距离多取几倍候选（``RAG_ANN_OVERSAMPLE``、
+   ``RAG_ANN_BINARY_OVERSAMPLE``），再用堆里的 float32 向量精确重排；
+3. 否则走共享索引的迭代扫描（``RAG_HNSW_EF_SEARCH``；自己的索引还没建好）。
+
+2、3 在候选数不够时（过滤太严）都退回精确扫描，候选数永远拿满。
+
+自己的索引由 :func:`kb_indexes_sync` 维护（django-q2 定时任务）：分块数越过 ``RAG_ANN_KB_INDEX_MIN_CHUNKS`` 的
+知识库 ``CREATE INDEX CONCURRENTLY``，建索引期间写入不受阻塞、检索继续走 3；知识库删除或缩到阈值一半以下时删掉。
+共享索引于是只服务“自己的索引还没建好”的那段时间。
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import connection, transaction
+
+from documents.models import HNSW_M, Document
+from knowledge.models import KnowledgeBase
+from ragservice.routers import search_connection
+
+logger = structlog.get_logger(__name__)
+
+# 压缩方式 → (索引表达式, 操作符类, 查询里的距离表达式)；{dim} 是白名单里的维度，{q} 是查询向量的占位，
+# {center} 是二值量化前减去的知识库均值向量（见 :func:`_center_literal`）
+_COMPRESSION_SQL = {
+    KnowledgeBase.VectorCompression.NONE: (
+        "(embedding::vector({dim}))", "vector_cosine_ops", "(c.embedding::vector({dim})) <=> {q}::vector({dim})"),
+    KnowledgeBase.VectorCompression.HALFVEC: (
+        "(embedding::halfvec({dim}))", "halfvec_cosine_ops", "(c.embedding::halfvec({dim})) <=> {q}::halfvec({dim})"),
+    # e5 一类模型的向量共有一个很大的公共分量，直接取符号位几乎所有向量都一样（召回 0.2~0.3）；先减去本库的均值向量
+    # 再量化，符号位才反映向量之间的差别。均值写进索引表达式本身，查询时从索引定义里读回，两边永远一致
+    KnowledgeBase.VectorCompression.BINARY: (
+        "(binary_quantize((embedding::vector({dim})) - {center}::vector({dim}))::bit({dim}))", "bit_hamming_ops",
+        "binary_quantize((c.embedding::vector({dim})) - {center}::vector({dim}))::bit({dim})"
+        " <~> binary_quantize({q}::vector({dim}) - {center}::vector({dim}))"),
+}
+_OPCLASS_COMPRESSION = {opclass: compression for compression, (_, opclass, _) in _COMPRESSION_SQL.items()}
+# 知识库自己的图按这个 ef_construction 建：100k 分块上 64 → 200 让 ef_search=100 的召回从 0.92 升到 1.0，
+# 建索引时间约 1.8 倍（bench/README.md）
+KB_INDEX_EF_CONSTRUCTION = 200
+# 建索引互斥用的 advisory lock 键空间（pg_try_advisory_lock(int, int) 的第一个键）
+_BUILD_LOCK = 0x616E6E
+
+
+def kb_index_name(kb_id: uuid.UUID) -> str:
+    """知识库自己的 HNSW 索引名（63 字节以内）。"""
+    return f"document_chunks_ann_{kb_id.hex}"
+
+
+@dataclass(frozen=True)
+class KbIndex:
+    """库里实际存在的一个知识库索引：压缩方式取自它的操作符类，``valid`` 为假表示 CONCURRENTLY 建到一半失败；
+    ``center`` 是二值量化索引表达式里的均值向量字面量（其他压缩为空）。"""
+
+    name: str
+    compression: str
+    valid: bool
+    center: str = ""
+
+
+_CENTER = re.compile(r"'(\[[-0-9.,e+ ]*\])'::vector")
+
+
+def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:
+    """查系统目录：这个知识库有没有自己的索引、用什么压缩、是否可用。"""
+    name = kb_index_name(kb_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid AND i.indisready, o.opcname, pg_get_indexdef(c.oid) FROM pg_class c"
+            " JOIN pg_index i ON i.indexrelid = c.oid JOIN pg_opclass o ON o.oid = i.indclass[0]"
+            " WHERE c.relname = %s", [name])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    center = _CENTER.search(row[2])
+    return KbIndex(name, _OPCLASS_COMPRESSION.get(row[1], ""), bool(row[0]), f"'{center.group(1)}'" if center else "")
+
+
+def _center_literal(kb: KnowledgeBase) -> str:
+    """知识库全部向量的均值，写成 SQL 字面量（只含数字、逗号与方括号，由正则把关）。"""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT avg(embedding::vector({int(kb.embedding_dimension)}))::text FROM document_chunks"
+                       f" WHERE {_kb_predicate(kb)}")
+        value = cursor.fetchone()[0]
+    literal = f"'{value}'::vector"
+    if value is None or not _CENTER.fullmatch(literal):
+        raise ValueError(f"knowledge base {kb.id} has no vectors to centre")
+    return f"'{value}'"
+
+
+def kb_index_sql(kb: KnowledgeBase, *, concurrently: bool = True) -> str:
+    """建知识库自己的部分 HNSW 索引的 SQL；谓词与 :func:`ann_search` 的查询条件字面一致，规划器才会选它。"""
+    compression = KnowledgeBase.VectorCompression(kb.vector_compression)
+    expression, opclass, _ = _COMPRESSION_SQL[compression]
+    dim = int(kb.embedding_dimension)
+    center = _center_literal(kb) if compression == KnowledgeBase.VectorCompression.BINARY else ""
+    return (
+        f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {kb_index_name(kb.id)}"
+        f" ON document_chunks USING hnsw ({expression.format(dim=dim, center=center)} {opclass})"
+        f" WITH (m = {HNSW_M}, ef_construction = {KB_INDEX_EF_CONSTRUCTION})"
+        f" WHERE {_kb_predicate(kb)}"
+    )
+
+
+def _kb_predicate(kb: KnowledgeBase, alias: str = "") -> str:
+    # uuid 与维度都不是用户输入的字符串（uuid 对象的规范写法、白名单整数），可以安全地写成字面量
+    return (f"{alias}knowledge_base_id = '{uuid.UUID(str(kb.id))}'::uuid"
+            f" AND {alias}embedding_dim = {int(kb.embedding_dimension)}")
+
+
+def kb_index_build(*, kb: KnowledgeBase) -> bool:
+    """为知识库建自己的索引（CONCURRENTLY，不阻塞写入）；已经有可用的同压缩索引时什么也不做，返回是否建了。
+
+    必须在事务之外调用（CONCURRENTLY 的要求）。两个 worker 同时处理同一知识库时只有拿到 advisory lock 的那个建。
+    上次失败留下的无效索引、或压缩方式已改的旧索引先删掉。
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [_BUILD_LOCK, str(kb.id)])
+        if not cursor.fetchone()[0]:
+            return False
+        try:
+            state = kb_index_state(kb.id)
+            if state and state.valid and state.compression == kb.vector_compression:
+                return False
+            if state:
+                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {state.name}")
+            # 一次建完整张图需要的内存：向量本身加邻居表，按行数估计，超过上限时 pgvector 退化为逐行插入（慢很多）
+            cursor.execute("SELECT set_config('maintenance_work_mem', %s, false)",
+                           [f"{settings.ANN_BUILD_MEMORY_MB}MB"])
+            cursor.execute(kb_index_sql(kb))
+            cursor.execute("RESET maintenance_work_mem")
+            logger.info("ann_kb_index_built", knowledge_base_id=str(kb.id), compression=kb.vector_compression)
+            return True
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [_BUILD_LOCK, str(kb.id)])
+
+
+def kb_index_drop(*, kb_id: uuid.UUID) -> bool:
+    """删掉知识库自己的索引（CONCURRENTLY）；没有时返回 False。"""
+    if kb_index_state(kb_id) is None:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {kb_index_name(kb_id)}")
+    logger.info("ann_kb_index_dropped", knowledge_base_id=str(kb_id))
+    return True
+
+
+def kb_indexes_sync() -> dict[str, list[str]]:
+    """按当前分块数为每个知识库建或删自己的索引，返回 {"built": [...], "dropped": [...]}（知识库 id）。
+
+    幂等，可被定时任务反复调用：一次调用里串行建，每个索引建完才建下一个。分块数取自 completed 文档的
+    ``chunk_count``（与检索选择精确扫描用的是同一个估计）。
+    """
+    counts: dict[uuid.UUID, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT knowledge_base_id, coalesce(sum(chunk_count), 0) FROM documents"
+                       " WHERE status = %s GROUP BY knowledge_base_id", [Document.Status.COMPLETED])
+        counts = {kb_id: int(n) for kb_id, n in cursor.fetchall()}
+        cursor.execute("SELECT c.relname FROM pg_class c WHERE c.relkind = 'i' AND c.relname LIKE %s",
+                       ["document_chunks\\_ann\\_%"])
+        existing = {row[0] for row in cursor.fetchall()}
+    built, dropped, keep = [], [], set()
+    for kb in KnowledgeBase.objects.exclude(status=KnowledgeBase.Status.DELETED):
+        chunks = counts.get(kb.id, 0)
+        name = kb_index_name(kb.id)
+        if chunks >= settings.ANN_KB_INDEX_MIN_CHUNKS:
+            keep.add(name)
+            if kb_index_build(kb=kb):
+                built.append(str(kb.id))
+        elif name in existing and chunks >= settings.ANN_KB_INDEX_MIN_CHUNKS // 2:
+            keep.add(name)  # 滞回：在阈值附近上下波动的知识库不反复建删
+    for name in sorted(existing - keep):
+        kb_id = uuid.UUID(name.removeprefix("document_chunks_ann_"))
+        if kb_index_drop(kb_id=kb_id):
+            dropped.append(str(kb_id))
+    return {"built": built, "dropped": dropped}
+
+
+def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[Any], limit: int,
+               exact: bool) -> tuple[list[tuple[int, float]], str]:
+    """在 ``scope``（``search.retrieval`` 的检索范围 SQL 与参数）里按余弦距离取前 ``limit`` 个 (分块 id, 距离)。
+
+    返回的方法名："exact"、"kb_index"（知识库自己的索引，压缩时带后缀，如 "kb_index:binary"）、"hnsw"（共享索引），
+    ANN 凑不满候选退回精确扫描时加 "+exact"。``query`` 是向量字面量。
+    """
+    dim = int(kb.embedding_dimension)
+    if exact:
+        return _run(_exact_sql(dim, scope), [*params, query, limit], None), "exact"
+    state = kb_index_state(kb.id)
+    if state and state.valid:
+        compression = KnowledgeBase.VectorCompression(state.compression)
+        method = "kb_index" + ("" if compression == KnowledgeBase.VectorCompression.NONE else f":{compression}")
+        sql, args, candidates = _kb_index_query(kb, compression, state.center, scope, params, query, limit)
+        # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
+        # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
+        rows = _run(sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates))
+    else:
+        method = "hnsw"
+        distance = _COMPRESSION_SQL[KnowledgeBase.VectorCompression.NONE][2].format(dim=dim, q="%s")
+        sql = (f"SELECT c.id, {distance} AS distance FROM document_chunks c"
+               f" WHERE c.embedding_dim = {dim} AND {scope} ORDER BY distance LIMIT %s")
+        rows = _run(sql, [query, *params, limit], max(settings.HNSW_EF_SEARCH, limit))
+    if len(rows) < limit:
+        # 迭代扫描在 max_scan_tuples 内凑不满（过滤条件太严）：退回精确扫描，候选数永远是 min(limit, 范围内行数)
+        return _run(_exact_sql(dim, scope), [*params, query, limit], None), f"{method}+exact"
+    return rows, method
+
+
+def _exact_sql(dim: int, scope: str) -> str:
+    # 先用 b-tree 圈出本库的行（MATERIALIZED 阻止规划器改走 HNSW），再逐一算距离
+    return (f"WITH scoped AS MATERIALIZED (SELECT c.id, c.embedding::vector({dim}) AS embedding"
+            f" FROM document_chunks c WHERE c.embedding_dim = {dim} AND {scope})"
+            f" SELECT id, embedding <=> %s::vector({dim}) AS distance FROM scoped ORDER BY distance, id LIMIT %s")
+
+
+def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompression, center: str, scope: str,
+                    params: Sequence[Any], query: str, limit: int) -> tuple[str, list[Any], int]:
+    """走知识库自己的索引的 SQL、参数，以及向索引要的候选数（ef_search 不能比它小）。"""
+    dim = int(kb.embedding_dimension)
+    distance = _COMPRESSION_SQL[compression][2].format(dim=dim, q="%s", center=center)
+    where = f"{_kb_predicate(kb, 'c.')} AND {scope}"
+    if compression == KnowledgeBase.VectorCompression.NONE:
+        sql = f"SELECT c.id, {distance} AS distance FROM document_chunks c WHERE {where} ORDER BY distance LIMIT %s"
+        return sql, [query, *params, limit], limit
+    # 压缩距离只用来取候选：多取 oversample 倍，再用堆里的 float32 向量精确重排，返回的距离与精确扫描同一尺度
+    candidates = limit * (settings.ANN_BINARY_OVERSAMPLE if compression == KnowledgeBase.VectorCompression.BINARY
+                          else settings.ANN_OVERSAMPLE)
+    sql = (f"WITH candidates AS MATERIALIZED (SELECT c.id, c.embedding FROM document_chunks c WHERE {where}"
+           f" ORDER BY {distance} LIMIT %s)"
+           f" SELECT id, embedding::vector({dim}) <=> %s::vector({dim}) AS distance FROM candidates"
+           f" ORDER BY distance, id LIMIT %s")
+    return sql, [*params, query, candidates, query, limit], candidates
+
+
+def _run(sql: str, args: Sequence[Any], ef_search: int | None) -> list[tuple[int, float]]:
+    """执行一条向量查询；走 HNSW 时在同一事务里 SET LOCAL ef_search 与迭代扫描（不影响连接上的其他查询）。
+    有只读副本时走副本（``ragservice.routers``）。"""
+    conn = search_connection()
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        if ef_search is not None:
+            cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
+                           " set_config('hnsw.iterative_scan', 'strict_order', true),"
+                           " set_config('hnsw.max_scan_tuples', %s, true)",
+                           [str(min(ef_search, 1000)),
+                            str(settings.HNSW_MAX_SCAN_TUPLES)])
+        cursor.execute(sql, list(args))
+        return [(int(chunk_id), float(distance)) for chunk_id, distance in cursor.fetchall()]
