@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -80,7 +81,9 @@ def _both_workers_warm(server: GunicornServer) -> bool:
         return False  # 还没开始监听
     if response.status_code != 200:
         return False
-    return "2 cluster(s), 2/2 worker" in response.json()["checks"]["worker"]["detail"]
+    # 每个 qcluster 连同它的快队列集群是两个集群：两台 worker 至少 2 个集群，且所有 worker 进程都加载完了模型
+    found = re.search(r"(\d+) cluster\(s\), (\d+)/(\d+) worker", response.json()["checks"]["worker"]["detail"])
+    return found is not None and int(found[1]) >= 2 and found[2] == found[3]
 
 
 def test_two_web_and_two_worker_processes_share_redis_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
