@@ -37,6 +37,30 @@ def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def json_has_nul(value: Any) -> bool:
+    """任何一层的字符串值或对象键里有 NUL（``\\u0000``）：PostgreSQL 的 jsonb 与 text 都存不了它，
+    必须在入口就拒绝，否则会在写库时变成 500（元数据是自由结构，字段级校验管不到嵌套的键）。"""
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                return True
+        elif isinstance(node, Mapping):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def json_has_nul_error(field: str | None) -> ApplicationError:
+    return ApplicationError(
+        ErrorCode.VALIDATION_ERROR, "Request validation failed", 400,
+        [ErrorDetail(field, "NUL_CHARACTER", "JSON strings and keys must not contain NUL (\\u0000)")],
+    )
+
+
 def json_loads_bounded(text: str | bytes) -> Any:
     """``json.loads`` 加嵌套层数上限。C 解码器在约 1000 层时抛 RecursionError（便宜且干净），
     这里把它与超过 MAX_JSON_DEPTH 的结果一并换成 :class:`JsonTooDeepError`。"""
@@ -68,6 +92,8 @@ class BoundedJSONParser(JSONParser):
             raise json_too_deep(None) from exc
         if json_depth_exceeds(value):
             raise json_too_deep(None)
+        if json_has_nul(value):
+            raise json_has_nul_error(None)
         return value
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
@@ -157,3 +160,17 @@ def settings_limit(name: str) -> int:
     from django.conf import settings
 
     return int(getattr(settings, name))
+
+
+@pytest.mark.django_db
+def test_nul_inside_nested_metadata_keys_is_a_400_not_a_500(client_rw, kb_factory):
+    """schemathesis 找到的：自由结构的元数据里，嵌套对象的键带 NUL，jsonb 存不了，写库时曾经 500。"""
+    kb = kb_factory()
+    body = {"content": "正文", "metadata": {"outer": [{"k\u0000ey": 1}]}}
+    response = client_rw.put(f"/knowledge_bases/{kb.id}/items/a1", data=json.dumps(body),
+                             content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["details"][0]["code"] == "NUL_CHARACTER"
+    upload = client_rw.post(f"/knowledge_bases/{kb.id}/documents",
+                            {"file": io.BytesIO(b"text"), "metadata": json.dumps({"a": {"b\u0000": "c"}})})
+    assert upload.status_code == 400, upload.content

@@ -16,6 +16,7 @@ from ragservice.api import (
     PageQuerySerializer,
     StatusListField,
     StrictSerializer,
+    json_has_nul,
     json_loads_bounded,
 )
 
@@ -25,7 +26,8 @@ class _JsonObjectField(serializers.Field):
     """multipart 表单里的 JSON 对象字段（字符串形式）。"""
 
     default_error_messages = {"invalid": "Must be a JSON object.",
-                              "nesting_too_deep": f"JSON nesting must not exceed {MAX_JSON_DEPTH} levels."}
+                              "nesting_too_deep": f"JSON nesting must not exceed {MAX_JSON_DEPTH} levels.",
+                              "nul": "JSON strings and keys must not contain NUL (\\u0000)."}
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict):
@@ -38,6 +40,8 @@ class _JsonObjectField(serializers.Field):
             self.fail("invalid")
         if not isinstance(value, dict):
             self.fail("invalid")
+        if json_has_nul(value):
+            self.fail("nul")
         return value
 
     def to_representation(self, value: Any) -> Any:
