@@ -62,6 +62,8 @@ def test_cleanup_progress_schema_is_documented(schema):
     progress = schema["components"]["schemas"]["Progress"]["properties"]
     assert set(progress) == {"processed", "total", "percentage"}
     assert progress["total"]["nullable"] is True and progress["percentage"]["nullable"] is True
+    # 没有错误时服务端返回 null（schemathesis 曾报出 schema 只写了 string）
+    assert schema["components"]["schemas"]["CleanupTask"]["properties"]["error_message"]["nullable"] is True
 
 
 def test_schema_and_swagger_ui_are_served_offline():

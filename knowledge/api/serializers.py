@@ -97,6 +97,8 @@ class CleanupTaskSerializer(serializers.ModelSerializer):
     task_id = serializers.UUIDField(source="id")
     knowledge_base_id = serializers.UUIDField()
     progress = ProgressSerializer()
+    # 没有错误时返回 null（见 to_representation）：schema 里也要写明可为 null
+    error_message = serializers.CharField(allow_null=True, read_only=True)
 
     class Meta:
         model = CleanupTask
