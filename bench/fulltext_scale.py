@@ -27,9 +27,12 @@ import sys
 import time
 import uuid
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing import Pool
 from multiprocessing.pool import Pool as WorkerPool
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -111,6 +114,17 @@ def _vector(seed: int, centers: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
+@contextmanager
+def _without_triggers() -> Iterator[Any]:
+    """本会话的写入不触发触发器（``session_replication_role = replica``）：批量写入后统一重算统计。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            yield cursor
+        finally:
+            cursor.execute("RESET session_replication_role")
+
+
 def load(kb: KnowledgeBase, seeds: range, vectors: bool, pool: WorkerPool) -> float:
     """按 COPY 写入 ``seeds`` 对应的分块（每 500 个一份 completed 文档），不经触发器；返回耗时（秒）。"""
     started = time.perf_counter()
@@ -126,18 +140,15 @@ def load(kb: KnowledgeBase, seeds: range, vectors: bool, pool: WorkerPool) -> fl
                                         status=Document.Status.COMPLETED, chunk_count=CHUNKS_PER_DOCUMENT)
         Document.objects.bulk_create(docs.values())
         rows = pool.map(_row, chunk_seeds, chunksize=500)
-        with connection.cursor() as cursor:
-            cursor.execute("SET session_replication_role = replica")
-            with cursor.cursor.copy(
-                "COPY document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
-                " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN"
-            ) as copy:
-                for seed, (text, vector, length) in zip(chunk_seeds, rows, strict=True):
-                    embedding = "[" + ",".join(f"{x:.5f}" for x in _vector(seed, centers)) + "]" if vectors else None
-                    copy.write_row((kb.id, docs[seed // CHUNKS_PER_DOCUMENT].id, seed % CHUNKS_PER_DOCUMENT, text,
-                                    "{}", embedding, DIM if vectors else None, "chunk", len(text), "", vector, length,
-                                    "2026-01-01T00:00:00Z"))
-            cursor.execute("RESET session_replication_role")
+        with _without_triggers() as cursor, cursor.cursor.copy(
+            "COPY document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
+            " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN"
+        ) as copy:
+            for seed, (text, vector, length) in zip(chunk_seeds, rows, strict=True):
+                embedding = "[" + ",".join(f"{x:.5f}" for x in _vector(seed, centers)) + "]" if vectors else None
+                copy.write_row((kb.id, docs[seed // CHUNKS_PER_DOCUMENT].id, seed % CHUNKS_PER_DOCUMENT, text,
+                                "{}", embedding, DIM if vectors else None, "chunk", len(text), "", vector, length,
+                                "2026-01-01T00:00:00Z"))
         print(f"  loaded {min(start + batch, seeds.stop) - seeds.start:,} rows into {kb.name}", flush=True)
     return time.perf_counter() - started
 
@@ -159,10 +170,9 @@ def build_statistics(kbs: list[KnowledgeBase]) -> float:
 def drop(kbs: list[KnowledgeBase]) -> None:
     """删掉基准数据：分块不经触发器直接删，统计行随后按知识库删除（逐条维护一亿行倒排要几个小时）。"""
     ids = [kb.id for kb in kbs]
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
+    with _without_triggers() as cursor:
         cursor.execute("DELETE FROM document_chunks WHERE knowledge_base_id = ANY(%s)", [ids])
-        cursor.execute("RESET session_replication_role")
+    with connection.cursor() as cursor:
         cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = ANY(%s)", [ids])
         cursor.execute("DELETE FROM fulltext_term_stats WHERE knowledge_base_id = ANY(%s)", [ids])
         cursor.execute("DELETE FROM fulltext_kb_stats WHERE knowledge_base_id = ANY(%s)", [ids])
@@ -271,13 +281,11 @@ def main() -> None:
                           rankings)
     print(f"== 目标库占 100%：同一批 {rows:,} 行划给一个知识库", flush=True)
     whole = _kb("bench-fulltext-100pct")
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
+    with _without_triggers() as cursor:
         cursor.execute("UPDATE documents SET knowledge_base_id = %s WHERE knowledge_base_id = ANY(%s)",
                        [whole.id, [ten.id, one.id, rest.id]])
         cursor.execute("UPDATE document_chunks SET knowledge_base_id = %s WHERE knowledge_base_id = ANY(%s)",
                        [whole.id, [ten.id, one.id, rest.id]])
-        cursor.execute("RESET session_replication_role")
     drop([ten, one, rest])
     seconds = build_statistics([whole])
     print(f"  统计与倒排表 {seconds:.0f} s；{_sizes()}", flush=True)
