@@ -187,7 +187,7 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
     highs = [r.scored.term.lexeme + ("\U0010ffff" if r.scored.term.prefix else "") for r in reads]
     scoring_args: list[Any] = [list(range(len(reads))), lows, highs, [r.scored.weight for r in reads],
                                [r.scored.term.prefix for r in reads], [r.rows for r in reads],
-                               params.title_weight, kb.id, kb.id, params.k1, params.b, params.b, max(avgdl, 1e-9)]
+                               params.title_weight, params.k1, params.b, max(avgdl, 1e-9), kb.id, kb.id]
     # 先只拿分数最高的一批回表检查范围（状态、过滤条件）：长问题会命中上千个分块，逐个回表占全文一路一半的时间。
     # 范围内的结果不够 limit 且确实有分块被这一批截掉时，再对全部候选做一次——结果与一次做完全相同
     shortlist = max(limit * 4, _BM25_SHORTLIST)
@@ -200,6 +200,27 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
 _BM25_SHORTLIST = 400
 
 
+# BM25 的一项：加权词频 tf 的饱和，长度按 avgdl 归一（参数来自 _bm25_rows 的 k 行）
+_BM25_SATURATE = "{tf} / ({tf} + k.k1 * (1 - k.b + k.b * {length} / k.avgdl))"
+# 一个查询词读倒排：一次主键范围扫描，只读打分要的几列（仅索引扫描）
+_BM25_READ = ("(SELECT chunk_id, k.tw * title_tf + body_tf AS tf, length FROM fulltext_postings"
+              " WHERE knowledge_base_id = %s AND {terms}) p")
+# 精确词倒着扫（影响力从高到低），读够分到的行数就停；每个分块只有一行，读出来就计分。
+# 两支各自读倒排、不经物化的 CTE：1M 行上 2 万行倒排的查询少 10~25% 的时间
+_BM25_EXACT_PARTS = (
+    f"SELECT p.chunk_id, q.weight * {_BM25_SATURATE.format(tf='p.tf', length='p.length')} AS part"
+    " FROM q CROSS JOIN k CROSS JOIN LATERAL "
+    + _BM25_READ.format(terms="NOT q.prefix AND lexeme = q.low ORDER BY impact DESC LIMIT q.rows")
+)
+# 前缀词（一段词位范围）整段读：先把同一分块里命中的各词位的词频相加再饱和，与 tsquery 的前缀匹配一致
+_BM25_PREFIX_PARTS = (
+    f"SELECT p.chunk_id, max(q.weight) * {_BM25_SATURATE.format(tf='sum(p.tf)', length='max(p.length)')}"
+    " FROM q CROSS JOIN k CROSS JOIN LATERAL "
+    + _BM25_READ.format(terms="q.prefix AND lexeme >= q.low AND lexeme <= q.high")
+    + " GROUP BY p.chunk_id, q.term, k.k1, k.b, k.avgdl"
+)
+
+
 def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, scoring_args: list[Any],
                limit: int, shortlist: int | None) -> list[tuple[Any, ...]]:
     """(分块 id, BM25 分, 有分数的分块总数)，范围内按分数降序的前 ``limit`` 个；``shortlist`` 限定回表的候选数。"""
@@ -208,22 +229,9 @@ def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, sc
     sql = (
         "WITH q(term, low, high, weight, prefix, rows) AS"
         " (SELECT * FROM unnest(%s::int[], %s::text[], %s::text[], %s::float8[], %s::bool[], %s::int[])),"
-        " hit AS ("
-        "  SELECT p.chunk_id, q.term, q.prefix, q.weight, %s * p.title_tf + p.body_tf AS tf, p.length AS len"
-        # 每个查询词一次主键范围扫描：精确词倒着扫（影响力从高到低），读够分到的行数就停；前缀词整段读
-        "  FROM q CROSS JOIN LATERAL ("
-        "   (SELECT chunk_id, title_tf, body_tf, length FROM fulltext_postings"
-        "    WHERE NOT q.prefix AND knowledge_base_id = %s AND lexeme = q.low ORDER BY impact DESC LIMIT q.rows)"
-        "   UNION ALL"
-        "   (SELECT chunk_id, title_tf, body_tf, length FROM fulltext_postings"
-        "    WHERE q.prefix AND knowledge_base_id = %s AND lexeme >= q.low AND lexeme <= q.high)) p),"
-        # 精确词每个分块只有一行，直接计分；前缀词先把同一分块里命中的各词位的词频相加再饱和
-        " tf AS ("
-        "  SELECT chunk_id, weight, tf, len FROM hit WHERE NOT prefix"
-        "  UNION ALL"
-        "  SELECT chunk_id, max(weight), sum(tf), max(len) FROM hit WHERE prefix GROUP BY chunk_id, term),"
-        " s AS (SELECT chunk_id, sum(weight * tf / (tf + %s * (1 - %s + %s * len / %s))) AS score"
-        "       FROM tf GROUP BY chunk_id),"
+        " k(tw, k1, b, avgdl) AS (SELECT %s::float8, %s::float8, %s::float8, %s::float8),"
+        f" s AS (SELECT chunk_id, sum(part) AS score FROM ({_BM25_EXACT_PARTS} UNION ALL {_BM25_PREFIX_PARTS}) part"
+        "  GROUP BY chunk_id),"
         f" top AS (SELECT chunk_id, score FROM s ORDER BY score DESC, chunk_id{' LIMIT %s' if shortlist else ''})"
         # 范围检查逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块
         # 读出来做哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
