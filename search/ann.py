@@ -204,7 +204,7 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
     """
     dim = int(kb.embedding_dimension)
     if exact:
-        return _run(_exact_sql(dim, scope), [*params, query, limit], None), "exact"
+        return _run(_exact_sql(dim, scope), [query, *params, limit], None), "exact"
     state = kb_index_state(kb.id)
     if state and state.valid:
         compression = KnowledgeBase.VectorCompression(state.compression)
@@ -221,15 +221,16 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
         rows = _run(sql, [query, *params, limit], max(settings.HNSW_EF_SEARCH, limit))
     if len(rows) < limit:
         # 迭代扫描在 max_scan_tuples 内凑不满（过滤条件太严）：退回精确扫描，候选数永远是 min(limit, 范围内行数)
-        return _run(_exact_sql(dim, scope), [*params, query, limit], None), f"{method}+exact"
+        return _run(_exact_sql(dim, scope), [query, *params, limit], None), f"{method}+exact"
     return rows, method
 
 
 def _exact_sql(dim: int, scope: str) -> str:
-    # 先用 b-tree 圈出本库的行（MATERIALIZED 阻止规划器改走 HNSW），再逐一算距离
-    return (f"WITH scoped AS MATERIALIZED (SELECT c.id, c.embedding::vector({dim}) AS embedding"
+    # 先用 b-tree 圈出本库的行、在 CTE 里就算好距离（MATERIALIZED 阻止规划器改走 HNSW），外面只对 (id, 距离) 取前 N。
+    # 不要把向量本身物化：1 万个 384 维向量 15 MB，超过 work_mem 会写临时文件
+    return (f"WITH scoped AS MATERIALIZED (SELECT c.id, c.embedding::vector({dim}) <=> %s::vector({dim}) AS distance"
             f" FROM document_chunks c WHERE c.embedding_dim = {dim} AND {scope})"
-            f" SELECT id, embedding <=> %s::vector({dim}) AS distance FROM scoped ORDER BY distance, id LIMIT %s")
+            f" SELECT id, distance FROM scoped ORDER BY distance, id LIMIT %s")
 
 
 def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompression, center: str, scope: str,
