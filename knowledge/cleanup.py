@@ -26,6 +26,7 @@ from ops import metrics
 from ops.locks import advisory_lock
 from ops.retry import backoff_seconds, database_ready, schedule_task
 from ragservice.errors import is_database_unavailable
+from search import bm25
 
 CLEANUP_TASK_FUNC = "knowledge.tasks.run_cleanup"
 
@@ -74,6 +75,8 @@ def _execute(task: CleanupTask) -> None:
         task.total = _remaining(kb_id)
         CleanupTask.objects.filter(pk=task.pk).update(total=task.total, updated_at=timezone.now())
         logger.info("cleanup_counted", total=task.total)
+    # 先整段删掉 BM25 统计与倒排：之后删分块时触发器跳过这个知识库，不再逐行维护倒排
+    bm25.statistics_drop(kb_id)
     pause = settings.CLEANUP_BATCH_PAUSE_MS / 1000
     while True:
         with transaction.atomic():
@@ -87,6 +90,8 @@ def _execute(task: CleanupTask) -> None:
         logger.debug("cleanup_batch", deleted=deleted)
         if pause:
             time.sleep(pause)
+    # 清理期间才提交的摄取会重新建起统计行（它的分块已在上面删掉）：再清一次，不留下计数为 0 的统计
+    bm25.statistics_drop(kb_id)
     shutil.rmtree(knowledge_base_files_dir(kb_id), ignore_errors=True)
     with transaction.atomic():
         task = CleanupTask.objects.select_for_update().get(pk=task.pk)

@@ -316,3 +316,23 @@ def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: Knowl
     # 没有过滤时，先取一批的结果与全部打分的前几名相同
     assert [h.chunk_id for h in fulltext_search(medical, query, SearchFilters(), limit=2).hits] == [
         h.chunk_id for h in everything[:2]]
+
+
+@pytest.mark.django_db
+def test_statistics_drop_lets_cleanup_skip_postings_and_spares_other_knowledge_bases(
+        medical: KnowledgeBase, kb_factory: Any, django_capture_on_commit_callbacks: Any) -> None:
+    """整库清理的快路：统计与倒排先整段删掉，之后删分块时触发器跳过这个库；别的库的统计不受影响。"""
+    other = kb_factory()
+    for i, text in enumerate(TEXTS[:3]):
+        _upload(other, f"other{i}.txt", text, django_capture_on_commit_callbacks)
+    assert bm25.statistics_drop(medical.id, batch_lexemes=7) > 0  # 小批量：走完分段删除的循环
+    DocumentChunk.objects.filter(knowledge_base=medical).first().delete()  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        for table in ("fulltext_kb_stats", "fulltext_term_stats", "fulltext_postings"):
+            cursor.execute(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [medical.id])
+            assert cursor.fetchone()[0] == 0, table
+    assert bm25.statistics_mismatches(other.id) == []
+    # 清理期间才写入的分块重新建起统计行，照常计数
+    DocumentChunk.objects.filter(knowledge_base=medical).delete()
+    _upload(medical, "late.txt", TEXTS[0], django_capture_on_commit_callbacks)
+    assert bm25.statistics_mismatches(medical.id) == []
