@@ -1,0 +1,76 @@
+"""整库清理的耗时：逐行经触发器维护倒排（改动前）与先整段删掉统计和倒排（``search.bm25.statistics_drop``）并排。
+
+    .venv/bin/python bench/cleanup_scale.py                   # 源库默认是 fulltext_scale.py --grow 留下的 1 万分块库
+    .venv/bin/python bench/cleanup_scale.py --source NAME
+
+把源库复制两份（各自按分块重算统计），一份按改动前的做法逐批删分块（统计行在，触发器逐行删倒排、更新 df），
+一份按现在的清理顺序：``statistics_drop`` 之后逐批删分块；批大小取 ``RAG_CLEANUP_BATCH_SIZE``，都用
+``knowledge.cleanup.delete_batch``（与清理任务同一个函数）。最后核对两份都没有留下统计与倒排。
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from django_setup import setup_django
+
+setup_django()
+
+from django.conf import settings  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+
+from bench.fulltext_scale import _copy_rows, _kb, _without_triggers  # noqa: E402
+from knowledge.cleanup import delete_batch  # noqa: E402
+from knowledge.models import KnowledgeBase  # noqa: E402
+from search import bm25  # noqa: E402
+
+
+def _delete_all(kb: KnowledgeBase) -> int:
+    batches = 0
+    while True:
+        with transaction.atomic():
+            if not delete_batch(kb.id, settings.CLEANUP_BATCH_SIZE):
+                return batches
+        batches += 1
+
+
+def _leftovers(kb: KnowledgeBase) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT (SELECT count(*) FROM fulltext_postings WHERE knowledge_base_id = %s)"
+                       " + (SELECT count(*) FROM fulltext_term_stats WHERE knowledge_base_id = %s)"
+                       " + (SELECT count(*) FROM fulltext_kb_stats WHERE knowledge_base_id = %s)",
+                       [kb.id, kb.id, kb.id])
+        return int(cursor.fetchone()[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="bench-fulltext-10k")
+    args = parser.parse_args()
+    source = KnowledgeBase.objects.get(name=args.source)
+    copies = {}
+    for number, name in enumerate(("per-row", "drop-first"), start=1):
+        kb = copies[name] = _kb(f"bench-cleanup-{name}")
+        with _without_triggers() as cursor:
+            _copy_rows(cursor, source, kb, 200 + number, documents="TRUE", vectors=False)
+        bm25.rebuild_statistics(kb.id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM document_chunks WHERE knowledge_base_id = %s", [copies["per-row"].id])
+        chunks = cursor.fetchone()[0]
+        cursor.execute("SELECT count(*) FROM fulltext_postings WHERE knowledge_base_id = %s", [copies["per-row"].id])
+        postings = cursor.fetchone()[0]
+    print(f"每份 {chunks:,} 个分块、{postings:,} 行倒排，批大小 {settings.CLEANUP_BATCH_SIZE}", flush=True)
+    for name, kb in copies.items():
+        started = time.perf_counter()
+        dropped = bm25.statistics_drop(kb.id) if name == "drop-first" else 0
+        batches = _delete_all(kb)
+        bm25.statistics_drop(kb.id)
+        seconds = time.perf_counter() - started
+        print(f"  {name:<11} {seconds:7.1f} s（{batches} 批；先删倒排 {dropped:,} 行），"
+              f"剩余统计/倒排行 {_leftovers(kb)}", flush=True)
+        kb.delete()
+
+
+if __name__ == "__main__":
+    main()
