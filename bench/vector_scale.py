@@ -125,7 +125,7 @@ def _chunks(kb: KnowledgeBase) -> int:
 
 
 def measure_auto(data: ScaleData, queries: np.ndarray, known: dict[uuid.UUID, dict[int, list[set[int]]]],
-                 emit: Callable[[str], None]) -> None:
+                 emit: Callable[[str], None], *, filler: bool = True) -> None:
     """服务实际的选择（exact=None）。目标库先测（它们自己的索引 measure_kb 已建好）；填充库先测共享索引，
     再跑一次定时任务的同步（按规则给它建自己的索引，1M 规模时最久的一步），最后测它的 auto。"""
     filters = SearchFilters()
@@ -136,18 +136,18 @@ def measure_auto(data: ScaleData, queries: np.ndarray, known: dict[uuid.UUID, di
 
     for kb in data.kbs.values():
         auto(kb, known[kb.id])
-    if data.filler is None:
+    if data.filler is None or not filler:
         return
-    filler = data.filler
-    truth = _truth(filler, queries)
-    emit(_line(_label(filler, data.rows), f"shared（ef_search={settings.HNSW_EF_SEARCH}）",
-               evaluate(truth, queries, lambda q, n: vector_search(filler, q, filters, n, exact=False))))
+    rest = data.filler
+    truth = _truth(rest, queries)
+    emit(_line(_label(rest, data.rows), f"shared（ef_search={settings.HNSW_EF_SEARCH}）",
+               evaluate(truth, queries, lambda q, n: vector_search(rest, q, filters, n, exact=False))))
     started = time.perf_counter()
     changes = ann.kb_indexes_sync()
     print(f"  kb_indexes_sync {time.perf_counter() - started:.0f} s: {changes}", flush=True)
-    size = relation_sizes(connection, [ann.kb_index_name(filler.id)]).get(ann.kb_index_name(filler.id), 0)
-    print(f"  {filler.name} 自己的索引 {_mb(size)}", flush=True)
-    auto(filler, truth)
+    size = relation_sizes(connection, [ann.kb_index_name(rest.id)]).get(ann.kb_index_name(rest.id), 0)
+    print(f"  {rest.name} 自己的索引 {_mb(size)}", flush=True)
+    auto(rest, truth)
 
 
 def _existing(prefix: str, shares: list[float], dim: int) -> ScaleData:
@@ -169,6 +169,8 @@ def main() -> None:
                         help="依次测量的压缩方式；最后一个的索引保留给 auto")
     parser.add_argument("--reuse", action="store_true", help="复用上次 --keep 留下的 scale-* 知识库")
     parser.add_argument("--keep", action="store_true", help="结束后保留数据（之后可 --reuse）")
+    parser.add_argument("--skip-filler", action="store_true",
+                        help="不测填充库（1M 行时给它建自己的索引要四十分钟以上）")
     args = parser.parse_args()
     if args.reuse:
         data = _existing("scale", args.shares, args.dim)
@@ -189,7 +191,7 @@ def main() -> None:
     for kb in data.kbs.values():
         big = _chunks(kb) >= settings.ANN_KB_INDEX_MIN_CHUNKS
         truths[kb.id] = measure_kb(kb, _label(kb, data.rows), queries, args.compressions if big else [], emit)
-    measure_auto(data, queries, truths, emit)
+    measure_auto(data, queries, truths, emit, filler=not args.skip_filler)
     print(f"\n结果（{data.rows:,} 行，{args.dim} 维，{args.queries} 个查询；延迟为候选 15 的单次向量检索数据库耗时）")
     print("\n".join(lines))
     if not args.keep:
