@@ -187,7 +187,7 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
     highs = [r.scored.term.lexeme + ("\U0010ffff" if r.scored.term.prefix else "") for r in reads]
     scoring_args: list[Any] = [list(range(len(reads))), lows, highs, [r.scored.weight for r in reads],
                                [r.scored.term.prefix for r in reads], [r.rows for r in reads],
-                               params.title_weight, params.k1, params.b, max(avgdl, 1e-9), kb.id, kb.id]
+                               params.title_weight, params.k1, params.b, max(avgdl, 1e-9)]
     # 先只拿分数最高的一批回表检查范围（状态、过滤条件）：长问题会命中上千个分块，逐个回表占全文一路一半的时间。
     # 范围内的结果不够 limit 且确实有分块被这一批截掉时，再对全部候选做一次——结果与一次做完全相同
     shortlist = max(limit * 4, _BM25_SHORTLIST)
@@ -226,12 +226,15 @@ def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, sc
     """(分块 id, BM25 分, 有分数的分块总数)，范围内按分数降序的前 ``limit`` 个；``shortlist`` 限定回表的候选数。"""
     scope, scope_params = _match_sql(kb, query, filters)
     must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
+    # 没有前缀词时不带前缀那一支：它的行数估计（整段词位范围）有上亿行，规划器会因此把 2 万行的汇总改成先排序。
+    # scoring_args 的第 5 个数组是各查询词是否前缀
+    prefix = any(scoring_args[4])
+    parts = _BM25_EXACT_PARTS + (f" UNION ALL {_BM25_PREFIX_PARTS}" if prefix else "")
     sql = (
         "WITH q(term, low, high, weight, prefix, rows) AS"
         " (SELECT * FROM unnest(%s::int[], %s::text[], %s::text[], %s::float8[], %s::bool[], %s::int[])),"
         " k(tw, k1, b, avgdl) AS (SELECT %s::float8, %s::float8, %s::float8, %s::float8),"
-        f" s AS (SELECT chunk_id, sum(part) AS score FROM ({_BM25_EXACT_PARTS} UNION ALL {_BM25_PREFIX_PARTS}) part"
-        "  GROUP BY chunk_id),"
+        f" s AS (SELECT chunk_id, sum(part) AS score FROM ({parts}) part GROUP BY chunk_id),"
         f" top AS (SELECT chunk_id, score FROM s ORDER BY score DESC, chunk_id{' LIMIT %s' if shortlist else ''})"
         # 范围检查逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块
         # 读出来做哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
@@ -239,7 +242,7 @@ def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, sc
         f" (SELECT c.id FROM document_chunks c WHERE c.id = top.chunk_id AND {scope}{must} OFFSET 0) c"
         " ORDER BY top.score DESC, c.id LIMIT %s"
     )
-    args = [*scoring_args, *([shortlist] if shortlist else []), *scope_params,
+    args = [*scoring_args, kb.id, *([kb.id] if prefix else []), *([shortlist] if shortlist else []), *scope_params,
             *([query.tsquery] if must else []), limit]
     with search_connection().cursor() as cursor:
         cursor.execute(sql, args)
