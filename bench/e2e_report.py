@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from search.evaluation.metrics import percentile
 
@@ -17,9 +18,9 @@ MODEL_PATHS = ("search/providers/",)
 # 处理请求的栈：gthread 的请求线程，以及检索向量路的线程池（search.services._in_worker）。
 # 其余样本是等连接、等任务的空闲线程与 gunicorn 的主循环，不进排行
 REQUEST_FRAMES = ("ThreadWorker.handle (gunicorn/workers/gthread.py)", "_in_worker (search/services.py)")
-# 累计时间排行略去出现在这么多请求样本里的帧：它们是每个请求都要经过的调用链外壳（线程、WSGI、中间件），
-# 累计时间都接近 100%，排在前面只会挤掉有信息的帧
-SHELL_SHARE = 0.9
+# 累计时间排行略去“直通”的帧：样本几乎全部（这个比例以上）落在同一个被调函数里。线程、WSGI、中间件这串
+# 每个请求都要经过的外壳都是直通的，累计时间又都接近 100%，排在前面只会挤掉有信息的分叉点
+PASS_THROUGH = 0.95
 # 路径里这些标记之后的部分才有用：第三方包与标准库只留包内路径
 _PATH_MARKERS = ("/site-packages/", "/lib/python3.11/")
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<path>.*?)(?::\d+)?\)$")
@@ -103,6 +104,7 @@ class Profile:
     model_samples: int = 0
     own: Counter[str] = field(default_factory=Counter)
     total: Counter[str] = field(default_factory=Counter)
+    calls: Counter[tuple[str, str]] = field(default_factory=Counter)  # (调用者, 被调者) → 样本数
 
     @property
     def ranked_samples(self) -> int:
@@ -127,15 +129,20 @@ class Profile:
             self.own[frames[-1]] += samples
             for frame in set(frames):
                 self.total[frame] += samples
+            for call in set(pairwise(frames)):
+                self.calls[call] += samples
 
     def top_own(self, count: int) -> list[tuple[str, int, float]]:
         """自身时间最多的 ``count`` 个帧：(帧, 样本数, 占排行样本的百分比)。"""
         return self._percent(self.own.most_common(count))
 
     def top_total(self, count: int) -> list[tuple[str, int, float]]:
-        """累计时间最多的 ``count`` 个帧，略去调用链外壳（见 :data:`SHELL_SHARE`）。"""
-        limit = SHELL_SHARE * self.ranked_samples
-        return self._percent([(frame, n) for frame, n in self.total.most_common() if n < limit][:count])
+        """累计时间最多的 ``count`` 个帧，略去直通的帧（见 :data:`PASS_THROUGH`）。"""
+        widest: Counter[str] = Counter()
+        for (caller, _), samples in self.calls.items():
+            widest[caller] = max(widest[caller], samples)
+        rows = [(frame, n) for frame, n in self.total.most_common() if widest[frame] < PASS_THROUGH * n]
+        return self._percent(rows[:count])
 
     def _percent(self, rows: list[tuple[str, int]]) -> list[tuple[str, int, float]]:
         ranked = max(self.ranked_samples, 1)

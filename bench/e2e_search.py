@@ -202,7 +202,7 @@ def print_profile(mode: str, profile: Profile, top: int) -> None:
           f"{profile.samples - profile.request_samples} 个），其中模型 {profile.model_samples} 个不进排行；"
           f"排行的百分比以其余 {profile.ranked_samples} 个为分母")
     for title, rows in (("自身时间", profile.top_own(top)),
-                        ("累计时间（略去每个请求都经过的调用链外壳）", profile.top_total(top))):
+                        ("累计时间（略去样本几乎全落在同一个被调函数里的直通帧）", profile.top_total(top))):
         print(f"\n{title}：")
         for frame, samples, percent in rows:
             print(f"  {percent:5.1f}%  {samples:6d}  {frame}")
