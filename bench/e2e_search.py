@@ -75,6 +75,8 @@ class Server:
         self.log_path = workdir / "gunicorn.log"
         self.env = child_env(workdir / "metrics") | {
             "RAG_RERANK_PROVIDER": "none", "RAG_QUERY_EMBEDDING_CACHE_SIZE": "0", "RAG_LOG_LEVEL": "warning",
+            # 这里只起 web、不起 qcluster（检索不经队列）：同步模式下 /ready 不等后台 worker 的心跳
+            "RAG_QUEUE_SYNC": "true",
             # 限流的令牌桶照常更新（它是每个请求的固定开销），只是不拒绝基准请求
             "RAG_RATE_LIMIT_RATE": "100000", "RAG_RATE_LIMIT_BURST": "100000",
         }
