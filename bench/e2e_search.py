@@ -41,7 +41,9 @@ from pathlib import Path
 
 from django_setup import setup_django
 
-ROOT = setup_django(RAG_QUEUE_SYNC="true")  # --create 的上传在本进程内同步摄取
+# 不起 qcluster：--create 的上传必须在本进程内同步摄取，调用者环境里的 RAG_QUEUE_SYNC=false 也要覆盖
+os.environ["RAG_QUEUE_SYNC"] = "true"
+ROOT = setup_django()
 
 import psutil  # noqa: E402
 import requests  # noqa: E402
@@ -73,10 +75,9 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.workers = workers
         self.log_path = workdir / "gunicorn.log"
+        # RAG_QUEUE_SYNC=true 随环境传下去：检索不经队列，同步模式下 /ready 也不等一个这里没有启动的 qcluster
         self.env = child_env(workdir / "metrics") | {
             "RAG_RERANK_PROVIDER": "none", "RAG_QUERY_EMBEDDING_CACHE_SIZE": "0", "RAG_LOG_LEVEL": "warning",
-            # 这里只起 web、不起 qcluster（检索不经队列）：同步模式下 /ready 不等后台 worker 的心跳
-            "RAG_QUEUE_SYNC": "true",
             # 限流的令牌桶照常更新（它是每个请求的固定开销），只是不拒绝基准请求
             "RAG_RATE_LIMIT_RATE": "100000", "RAG_RATE_LIMIT_BURST": "100000",
         }
@@ -115,9 +116,12 @@ def create_kb(chunks: int) -> KnowledgeBase:
     started, stored = time.perf_counter(), 0
     while stored < chunks:
         text = "\n\n".join(chunk_text(rng, sentences) for _ in range(PARAGRAPHS_PER_DOCUMENT))
-        document_upload(kb=kb, filename=f"e2e-{stored}.txt", upload=io.BytesIO(text.encode()), metadata={},
-                        chunking={})
-        stored = DocumentChunk.objects.filter(knowledge_base=kb).count()
+        document = document_upload(kb=kb, filename=f"e2e-{stored}.txt", upload=io.BytesIO(text.encode()),
+                                   metadata={}, chunking={})
+        document.refresh_from_db()
+        if document.status != Document.Status.COMPLETED:  # 同步摄取失败：不要无限地继续上传
+            raise RuntimeError(f"ingestion of {document.filename} ended {document.status}: {document.error_message}")
+        stored += document.chunk_count
         print(f"\r摄取 {stored}/{chunks} 个分块", end="", file=sys.stderr, flush=True)
     print(f"\n建库 {kb.name}：{stored} 个分块，用时 {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return kb
