@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing import Pool
 from multiprocessing.pool import Pool as WorkerPool
@@ -287,15 +287,15 @@ def grow_small(source: KnowledgeBase) -> KnowledgeBase:
     return small
 
 
-def _queries(seeds: range, count: int) -> list[str]:
+def _queries(seeds: range, count: int, text_of: Callable[[int], str] = _text) -> list[str]:
     rng = random.Random(7)
     queries = []
     for _ in range(count):
-        text = _text(rng.choice(seeds))
+        text = text_of(rng.choice(seeds))
         start = rng.randrange(max(1, len(text) - 30))
         query = text[start:start + rng.randint(6, 30)]
         if rng.random() < 0.3:  # 长问题：再拼一段
-            other = _text(rng.choice(seeds))
+            other = text_of(rng.choice(seeds))
             query += other[:rng.randint(10, 30)]
         queries.append(query)
     return queries

@@ -35,6 +35,7 @@ django.setup()
 import numpy as np  # noqa: E402
 from django.test import Client  # noqa: E402
 
+from bench.e2e_report import parse_server_timing  # noqa: E402
 from documents.services import document_upload  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
@@ -60,15 +61,6 @@ def _ingest(passages: int) -> KnowledgeBase:
         print(f"\r摄取 {index}/{len(rows)}", end="", file=sys.stderr)
     print(f"\n摄取 {len(rows)} 段用时 {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return kb
-
-
-def _parse_timing(header: str) -> dict[str, float]:
-    timings: dict[str, float] = {}
-    for part in header.split(","):
-        name, _, duration = part.strip().partition(";dur=")
-        if duration:
-            timings[name] = float(duration)
-    return timings
 
 
 def main() -> None:
@@ -102,7 +94,7 @@ def main() -> None:
                 if index < WARMUP:
                     continue
                 wall.append(elapsed)
-                timing = _parse_timing(response["Server-Timing"])
+                timing = parse_server_timing(response["Server-Timing"])
                 for stage in STAGES:
                     if stage in timing:
                         stages[stage].append(timing[stage])

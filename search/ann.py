@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,7 +257,9 @@ def _run(sql: str, args: Sequence[Any], ef_search: int | None) -> list[tuple[int
     """执行一条向量查询；走 HNSW 时在同一事务里 SET LOCAL ef_search 与迭代扫描（不影响连接上的其他查询）。
     有只读副本时走副本（``ragservice.routers``）。"""
     conn = search_connection()
-    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+    # 只有 SET LOCAL 需要事务；精确扫描只有一条语句，自动提交即可，省掉 BEGIN 与 COMMIT 两次往返（每个检索请求都有）
+    scope = transaction.atomic(using=conn.alias) if ef_search is not None else nullcontext()
+    with scope, conn.cursor() as cursor:
         if ef_search is not None:
             cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
                            " set_config('hnsw.iterative_scan', 'strict_order', true),"

@@ -16,9 +16,11 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from knowledge.models import CleanupTask, KnowledgeBase
+from ops.auth import principal_for_key
 from ops.models import ApiKey
 from tests import workers
 from tests.conftest import assert_error
@@ -110,6 +112,22 @@ def test_last_used_at_is_recorded(client_rw):
 def test_failed_auth_does_not_touch_last_used_at(make_client):
     make_client(active=False).get("/knowledge_bases")
     assert ApiKey.objects.get().last_used_at is None
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+def test_key_lookup_is_one_query_with_its_knowledge_bases(kb_factory, django_assert_num_queries, scoped):
+    # 鉴权在每个请求的路径上：限定的知识库 id 聚合在同一条查询里，不另发 prefetch 查询
+    kbs = [kb_factory(), kb_factory()]
+    key = ApiKey(name="lookup", all_knowledge_bases=not scoped, last_used_at=timezone.now())
+    raw = key.set_new_key()
+    key.save()
+    if scoped:
+        key.knowledge_bases.set(kbs)
+    with django_assert_num_queries(1):
+        principal = principal_for_key(raw)
+    assert principal is not None
+    assert principal.knowledge_base_ids == (frozenset(kb.id for kb in kbs) if scoped else frozenset())
+    assert principal.all_knowledge_bases is not scoped
 
 
 # ---------------------------------------------------------------- 公开端点

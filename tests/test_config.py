@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 from io import StringIO
 from pathlib import Path
 
@@ -341,3 +344,17 @@ def test_landing_page_shows_the_readme_commands(client):
     assert len(commands) == 5
     for command in commands:
         assert command in readme, command
+
+
+@pytest.mark.parametrize(("configured", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_sleep_when_idle_unless_configured(configured, expected):
+    """settings 在任何模型库加载前给 OpenMP 设 PASSIVE（忙等的线程在满载的机器上把查询向量化拖慢一个量级）；
+    显式设置的值不覆盖。在子进程里看：本进程的 settings 早已加载。"""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["DJANGO_SETTINGS_MODULE"] = "ragservice.settings"
+    if configured:
+        env["OMP_WAIT_POLICY"] = configured
+    code = "import os, django; django.setup(); print(os.environ['OMP_WAIT_POLICY'])"
+    result = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert result.stdout.strip().splitlines()[-1] == expected

@@ -7,6 +7,8 @@ import uuid
 import pytest
 
 from knowledge.models import CleanupTask, KnowledgeBase
+from knowledge.selectors import usable_knowledge_base
+from ops.auth import SYSTEM_PRINCIPAL
 from tests.conftest import assert_error
 
 pytestmark = pytest.mark.django_db
@@ -231,3 +233,11 @@ def test_flag_model_in_the_local_hub_cache_is_accepted_from_its_config(client_rw
     body = response.json()
     assert (body["embedding_provider"], body["embedding_model"], body["embedding_dimension"]) == (
         "flag", "acme/tiny-m3", 384)
+
+
+def test_usable_knowledge_base_is_one_query_without_the_cleanup_subquery(kb_factory, django_assert_num_queries):
+    # 每个检索、上传请求都先做这一步：只取知识库本身，最近一次清理任务的 id 只有详情接口要
+    kb = kb_factory()
+    with django_assert_num_queries(1) as captured:
+        assert usable_knowledge_base(principal=SYSTEM_PRINCIPAL, kb_id=str(kb.id), write=False) == kb
+    assert "cleanup_tasks" not in captured.captured_queries[0]["sql"]

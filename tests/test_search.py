@@ -12,6 +12,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from django.db import connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ from search import services
 from search.providers.breaker import CircuitOpenError
 from search.providers.embedding import EmbeddingError
 from search.providers.rerank import RerankUnavailable
-from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchFilters
+from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchFilters, vector_search
 from tests.conftest import assert_error
 from tests.factories import ingest_text
 
@@ -47,6 +48,22 @@ def corpus(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> KnowledgeBase
     ingest_text(client_rw, kb, "cloud.md", CLOUD, metadata={"domain": "bidding", "category": "cloud", "tags": ["招标"]})
     ingest_text(client_rw, kb, "python.md", PYTHON, metadata={"domain": "tech", "tags": ["python", "园艺"]})
     return kb
+
+
+@pytest.mark.parametrize(("exact", "in_transaction"), [(True, False), (False, True)])
+def test_only_the_hnsw_query_opens_a_transaction(corpus: KnowledgeBase, exact: bool, in_transaction: bool) -> None:
+    # HNSW 要在事务里 SET LOCAL ef_search；精确扫描只有一条语句，自动提交，省掉 BEGIN/COMMIT 两次往返
+    atomic: list[bool] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        atomic.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    query = np.ones(corpus.embedding_dimension, dtype=np.float32)
+    with connection.execute_wrapper(record):
+        hits, method = vector_search(corpus, query / np.linalg.norm(query), SearchFilters(), 3, exact=exact)
+    assert hits and method.startswith("exact" if exact else "hnsw")
+    assert atomic[-1] is in_transaction
 
 
 # ---------------------------------------------------------------- 校验与错误码

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from dataclasses import asdict
@@ -88,3 +89,18 @@ def test_load_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("search.embedders.default_embedder", broken)
     state = load_models(ocr=False)
     assert (state.ok, state.error, state.loaded) == (False, "OSError", "")
+
+
+def test_gunicorn_worker_freezes_startup_objects_after_loading_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 模型与框架的十几万个长寿对象移出分代回收：完整回收不再扫它们，检索请求里不会卡上几十毫秒
+    from ragservice import gunicorn_conf
+
+    calls: list[bool] = []
+    monkeypatch.setattr("ops.warmup.load_models", lambda *, ocr: calls.append(ocr))
+    gc.unfreeze()
+    try:
+        gunicorn_conf.post_worker_init(None)
+        assert calls == [False]
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

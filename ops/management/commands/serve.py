@@ -57,19 +57,7 @@ class Command(BaseCommand):
         self._supervise(children, f"{base}/ready")
 
     def _child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # 子进程直接连已解析出的数据库地址，不必各自再检查内嵌服务器
-        if not env.get("RAG_DATABASE_URL"):
-            from ragservice.embedded_db import ensure_embedded_database
-
-            env["RAG_DATABASE_URL"] = ensure_embedded_database(Path(settings.DATA_DIR))
-        metrics_dir = Path(settings.DATA_DIR) / "metrics"
-        # 多进程指标目录必须在每次启动时清空，否则会把上次运行的计数累加进来
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        metrics_dir.mkdir(parents=True)
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-        env.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
-        return env
+        return child_env(Path(settings.DATA_DIR) / "metrics")
 
     def _start_web(self, env: dict[str, str], host: str, port: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
@@ -132,6 +120,23 @@ class Command(BaseCommand):
         stop_groups(list(children.values()), timeout=STOP_SECONDS)
         if exit_code:
             sys.exit(exit_code)
+
+
+def child_env(metrics_dir: Path) -> dict[str, str]:
+    """web 与 worker 子进程的环境（基准脚本起 gunicorn 时也用它）：当前环境变量，加上已解析出的数据库地址与
+    清空后的多进程指标目录 ``metrics_dir``。"""
+    env = dict(os.environ)
+    # 子进程直接连已解析出的数据库地址，不必各自再检查内嵌服务器
+    if not env.get("RAG_DATABASE_URL"):
+        from ragservice.embedded_db import ensure_embedded_database
+
+        env["RAG_DATABASE_URL"] = ensure_embedded_database(Path(settings.DATA_DIR))
+    # 多进程指标目录必须在每次启动时清空，否则会把上次运行的计数累加进来
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
+    return env
 
 
 def web_command(host: str, port: int, *, workers: int | None = None) -> list[str]:
