@@ -194,6 +194,9 @@ ERROR_SCHEMA = inline_serializer(
 
 
 def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
-    """为 extend_schema 生成一组统一错误格式的响应声明（总是包含 400/401，以及数据库暂时不可达时的 503）。"""
-    wanted = sorted({400, 401, 503, *statuses})
+    """为 extend_schema 生成一组统一错误格式的响应声明。
+
+    总是包含：400/401；任何请求都可能碰到的 414（URL 过长）、431（请求头过大）与 429（限流）；数据库暂时不可达时的 503。
+    """
+    wanted = sorted({400, 401, 414, 429, 431, 503, *statuses})
     return {status: OpenApiResponse(ERROR_SCHEMA, description="统一错误格式") for status in wanted}
