@@ -146,17 +146,16 @@ def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> tuple[int, 
     exact = [t.lexeme for t in terms if not t.prefix]
     prefixes = [t.lexeme for t in terms if t.prefix]
     with search_connection().cursor() as cursor:
-        cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
-                       [kb_id])
-        row = cursor.fetchone()
-        n, total = (int(row[0]), int(row[1])) if row else (0, 0)
+        # 知识库统计与精确词的 df 一条查询读出（检索的每个请求都走这里，少一次数据库往返）
+        cursor.execute("SELECT s.chunk_count, s.total_length, t.lexeme, t.df FROM fulltext_kb_stats s"
+                       " LEFT JOIN fulltext_term_stats t ON t.knowledge_base_id = s.knowledge_base_id"
+                       " AND t.lexeme = ANY(%s::text[]) WHERE s.knowledge_base_id = %s", [exact, kb_id])
+        rows = cursor.fetchall()
+        n, total = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
         dfs: dict[tuple[str, bool], int] = {}
         if n <= 0:
             return 0, 0.0, dfs
-        if exact:
-            cursor.execute("SELECT lexeme, df FROM fulltext_term_stats WHERE knowledge_base_id = %s"
-                           " AND lexeme = ANY(%s::text[])", [kb_id, exact])
-            dfs.update(((lexeme, False), int(df)) for lexeme, df in cursor.fetchall())
+        dfs.update(((lexeme, False), int(df)) for _, _, lexeme, df in rows if lexeme is not None)
         for prefix in prefixes:
             # 主键是 (知识库, 词位 COLLATE "C")：前缀就是一段连续的主键范围
             cursor.execute("SELECT coalesce(sum(df), 0) FROM fulltext_term_stats WHERE knowledge_base_id = %s"

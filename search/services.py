@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -346,8 +346,10 @@ def _fulltext_path(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, filters: Sea
                    clock: _Clock) -> _PathResult:
     result = _PathResult()
     try:
-        # 保存点：SQL 出错只回滚这一步，不污染外层事务
-        with clock.stage("fulltext"), transaction.atomic():
+        # 在外层事务里时用保存点：SQL 出错只回滚这一步，不污染外层事务。自动提交时不开事务：
+        # 这里只有只读查询，BEGIN/COMMIT 只会多两次数据库往返（每个检索请求都有）
+        savepoint = transaction.atomic() if transaction.get_connection().in_atomic_block else nullcontext()
+        with clock.stage("fulltext"), savepoint:
             found = fulltext_search(kb, parsed, filters, limit)
         result.hits, result.coverage, result.scale = found.hits, found.coverage, found.scale
     except Exception as exc:
