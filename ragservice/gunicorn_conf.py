@@ -51,7 +51,7 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """预加载默认 embedding 模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
+    """预加载默认 embedding 模型、重排序模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
     from ops.warmup import load_models
 
-    load_models(ocr=False)
+    load_models(ocr=False, rerank=True)
