@@ -118,18 +118,22 @@ def model_dir(kind: str, layers: int, models_dir: Path) -> Path:
 
 
 def parameter_counts(directory: Path) -> tuple[int, int]:
-    """（全部参数，编码器各层的参数）；从权重文件头读形状，不加载权重。M3 的两个头也算进全部参数。"""
+    """（全部参数，编码器各层的参数）；从权重文件头读形状，不加载权重。M3 的两个头也算进全部参数。
+
+    ``save_pretrained`` 在模型超过分片上限时会写成多个 ``model-0000x-of-0000n.safetensors``，所以逐个文件累加。
+    """
     import torch
     from safetensors import safe_open
 
     total = encoder = 0
-    with safe_open(str(directory / "model.safetensors"), framework="pt") as weights:
-        for name in weights.keys():  # noqa: SIM118  safe_open 只有 keys()，不能直接迭代
-            count = 1
-            for size in weights.get_slice(name).get_shape():
-                count *= int(size)
-            total += count
-            encoder += count if "encoder.layer." in name else 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as weights:
+            for name in weights.keys():  # noqa: SIM118  safe_open 只有 keys()，不能直接迭代
+                count = 1
+                for size in weights.get_slice(name).get_shape():
+                    count *= int(size)
+                total += count
+                encoder += count if "encoder.layer." in name else 0
     for head in sorted(directory.glob("*_linear.pt")):
         total += sum(t.numel() for t in torch.load(head, map_location="cpu", weights_only=True).values())
     return total, encoder
