@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -67,12 +68,22 @@ def load_models(*, ocr: bool, rerank: bool = False) -> WarmState:
 
 
 def _warm_reranker() -> list[str]:
-    """加载配置的重排序模型；返回给人看的清单项（未配置或失败时为空）。"""
+    """加载配置的重排序模型；返回给人看的清单项（未配置、跳过或失败时为空）。
+
+    flag 模型只在本机已有时预热（本地目录，或已在 Hugging Face 缓存里的 hub id）：启动时去下载 2 GB 多的模型会让
+    gunicorn worker 迟迟不能接请求、超过 worker 超时后被杀掉重启，反复如此；不能联网时还要先等 hub 的重试。
+    没有的模型仍在第一次检索时加载（与不预热时相同）。
+    """
+    from search.embedders import cached_hub_config
     from search.providers.rerank import RerankUnavailable
     from search.rerankers import configured_reranker
 
     reranker = configured_reranker()
     if reranker is None:
+        return []
+    if reranker.provider == "flag" and not (Path(reranker.model).is_dir() or cached_hub_config(reranker.model)):
+        logger.warning("rerank_warm_up_skipped", reranker=reranker.breaker.name,
+                       reason="the model is neither a local directory nor in the Hugging Face cache")
         return []
     try:
         reranker.warm_up()

