@@ -93,13 +93,26 @@ def check_worker() -> CheckResult:
 
 
 def check_models() -> CheckResult:
-    """默认 embedding 模型能加载（首次调用时加载并常驻本进程），并列出本进程已加载的模型。"""
+    """默认 embedding 模型能加载（首次调用时加载并常驻本进程），并列出本进程已加载的模型。
+
+    重排序模型只报告、不在探针里加载：gunicorn worker 启动时已预热（``post_worker_init``），没加载上时检索
+    仍可用（按融合顺序返回），不该因此把整个服务标成未就绪；但 detail 要让人看出第一个检索会不会替大家等加载。
+    """
     from search.embedders import default_embedder
     from search.providers.embedding import loaded_embedding_models
+    from search.providers.rerank import loaded_rerank_models
+    from search.rerankers import rerank_config
 
     default_embedder()
     loaded = ", ".join(f"{m['provider']}:{m['model']} ({m['dimension']}-d)" for m in loaded_embedding_models())
-    return CheckResult("models", True, f"embedding: {loaded}")
+    config = rerank_config()
+    if config is None:
+        rerank = "off"
+    elif any((m["provider"], m["model"]) == (config.provider, config.model) for m in loaded_rerank_models()):
+        rerank = f"{config.provider}:{config.model}"
+    else:
+        rerank = f"{config.provider}:{config.model} not loaded yet (loads on the first search)"
+    return CheckResult("models", True, f"embedding: {loaded}; rerank: {rerank}")
 
 
 # 检查项与它抛异常时给人看的说明：绝不把 SQL、驱动报错原文放进公开的探针响应，原文只进日志

@@ -52,10 +52,10 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """预加载默认 embedding 模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
+    """预加载默认 embedding 模型、重排序模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
     from ops.warmup import load_models
 
-    load_models(ocr=False)
+    load_models(ocr=False, rerank=True)
     # 加载完模型与框架，进程里有十几万个从此不再释放的对象；每次完整的分代回收都要把它们全扫一遍
     # （2 核机器上约 50 ms，正好卡在某个检索请求中间，剖析里表现为融合那一行的长时间停顿）。
     # 冻结它们之后，完整回收只看启动之后分配的对象

@@ -55,14 +55,20 @@ def default_embedder() -> EmbeddingProvider:
     return embedder(settings.EMBEDDING_PROVIDER, default_model(settings.EMBEDDING_PROVIDER))
 
 
-def _cached_hub_dimension(model: str) -> int | None:
-    """hub id 已在本机 Hugging Face 缓存里时，从它的 config.json 读维度（hidden_size）；不访问网络、不加载权重。"""
+def cached_hub_config(model: str) -> str | None:
+    """hub id 已在本机 Hugging Face 缓存里时，它的 config.json 路径；不是 hub id 或未缓存时为 None。不访问网络。"""
     if not _HUB_ID.match(model) or ".." in model:
         return None
     from huggingface_hub import try_to_load_from_cache
 
     path = try_to_load_from_cache(model, "config.json")
-    if not isinstance(path, str):
+    return path if isinstance(path, str) else None
+
+
+def _cached_hub_dimension(model: str) -> int | None:
+    """hub id 已在本机 Hugging Face 缓存里时，从它的 config.json 读维度（hidden_size）；不访问网络、不加载权重。"""
+    path = cached_hub_config(model)
+    if path is None:
         return None
     try:
         with open(path, encoding="utf-8") as handle:

@@ -1,8 +1,13 @@
-"""测试用的极小随机权重 XLM-RoBERTa 模型目录（离线、确定性），供 flag 提供方与之后的重排序测试使用。
+"""随机权重的 XLM-RoBERTa 模型目录（离线、确定性），供 flag 提供方的测试与 ``bench/model_latency.py`` 使用。
 
-结构与 BGE-M3 / bge-reranker 相同（XLM-RoBERTa 编码器 + 随包的 250002 词表 tokenizer），只是
-hidden 32、2 层、2 头：能走通真实的加载与推理路径，但向量没有语义。体积主要是词向量
-250002 x 32 个 float32 ≈ 32 MB，再加 17 MB 的 tokenizer.json；构建约数秒（大部分是导入 torch/transformers）。
+结构与 BGE-M3 / bge-reranker-v2-m3 相同（XLM-RoBERTa 编码器 + 随包的 250002 词表 tokenizer），目录布局也与
+下载的模型相同（``save_pretrained`` 的权重与配置、tokenizer 文件，embedding 模型另有 M3 的
+``colbert_linear.pt`` / ``sparse_linear.pt``），所以提供方按本地目录加载时走的是与真实模型完全相同的代码路径，
+只是输出没有语义。
+
+- 测试用极小配置（默认 hidden 32、2 层、2 头）：体积主要是词向量 250002 x 32 个 float32 ≈ 32 MB，再加 17 MB 的
+  tokenizer.json；构建约数秒（大部分是导入 torch/transformers）。
+- 基准用 :data:`BGE_M3_ARCHITECTURE` 覆盖配置，得到与 BGE-M3 大小完全相同的模型（约 5.7 亿参数，fp32 约 2.3 GB）。
 
 用法：在测试模块里 ``from tests.model_fixtures import tiny_embedding_model_dir  # noqa: F401``，
 然后把夹具名写进测试函数参数。夹具是 session 级，整个测试会话只构建一次。
@@ -23,6 +28,17 @@ _TOKENIZER_PACKAGE = "semantra_multilingual"
 _TOKENIZER_RELATIVE = Path("assets") / "multilingual-e5-small" / "tokenizer.json"
 
 TINY_HIDDEN_SIZE = 32
+
+# BGE-M3 与 bge-reranker-v2-m3 的 config.json（两者同一个骨干：XLM-RoBERTa-large，位置编码扩到 8194）
+BGE_M3_ARCHITECTURE: dict[str, Any] = {
+    "num_hidden_layers": 24,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "max_position_embeddings": 8194,
+    "type_vocab_size": 1,
+    "layer_norm_eps": 1e-5,
+}
 
 _SPECIAL_TOKENS = {
     "bos_token": "<s>",
@@ -77,7 +93,7 @@ def write_tokenizer(directory: Path) -> None:
     (directory / "special_tokens_map.json").write_text(json.dumps(_SPECIAL_TOKENS, indent=2), encoding="utf-8")
 
 
-def _save_random_model(model_class_name: str, directory: Path, *, seed: int, **config_overrides: Any) -> Path:
+def _save_random_model(model_class_name: str, directory: Path, *, seed: int, **config_overrides: Any) -> Any:
     import torch
     import transformers
 
@@ -89,26 +105,41 @@ def _save_random_model(model_class_name: str, directory: Path, *, seed: int, **c
     model.eval()
     model.save_pretrained(directory)
     write_tokenizer(directory)
+    return model
+
+
+def build_embedding_model(directory: Path, *, seed: int = 0, **config_overrides: Any) -> Path:
+    """``XLMRobertaModel``（BGE-M3 的结构，dense 向量取 CLS）加 M3 的两个输出头写入 ``directory``。
+
+    两个头按 FlagEmbedding 的 ``EncoderOnlyEmbedderM3Runner.get_model`` 的形状构建：colbert_linear 为
+    hidden→hidden，sparse_linear 为 hidden→1。目录里没有它们时 FlagEmbedding 也能加载，但会随机初始化并
+    警告“只适合训练”；写上它们，加载路径才与下载的 BGE-M3 一致。
+    """
+    import torch
+
+    model = _save_random_model("XLMRobertaModel", directory, seed=seed, **config_overrides)
+    hidden = int(model.config.hidden_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        heads = {"colbert_linear.pt": torch.nn.Linear(hidden, hidden), "sparse_linear.pt": torch.nn.Linear(hidden, 1)}
+    for name, head in heads.items():
+        torch.save(head.state_dict(), directory / name)
     return directory
 
 
-def build_tiny_embedding_model(directory: Path, *, seed: int = 0) -> Path:
-    """``XLMRobertaModel``（BGE-M3 的结构，dense 向量取 CLS）写入 ``directory``。"""
-    return _save_random_model("XLMRobertaModel", directory, seed=seed)
-
-
-def build_tiny_reranker_model(directory: Path, *, seed: int = 0) -> Path:
+def build_reranker_model(directory: Path, *, seed: int = 0, **config_overrides: Any) -> Path:
     """``XLMRobertaForSequenceClassification``（num_labels=1，bge-reranker 的结构）写入 ``directory``。"""
-    return _save_random_model("XLMRobertaForSequenceClassification", directory, seed=seed, num_labels=1)
+    _save_random_model("XLMRobertaForSequenceClassification", directory, seed=seed, num_labels=1, **config_overrides)
+    return directory
 
 
 @pytest.fixture(scope="session")
 def tiny_embedding_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """会话内共享的极小 embedding 模型目录（hidden 32）。"""
-    return build_tiny_embedding_model(tmp_path_factory.mktemp("tiny-xlmr-embedding"))
+    return build_embedding_model(tmp_path_factory.mktemp("tiny-xlmr-embedding"))
 
 
 @pytest.fixture(scope="session")
 def tiny_reranker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """会话内共享的极小重排序（sequence classification）模型目录。"""
-    return build_tiny_reranker_model(tmp_path_factory.mktemp("tiny-xlmr-reranker"))
+    return build_reranker_model(tmp_path_factory.mktemp("tiny-xlmr-reranker"))

