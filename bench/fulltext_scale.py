@@ -345,7 +345,8 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
         services.embed_query = lambda provider, model, text: (  # type: ignore[assignment]
             _vector(zlib.crc32(text.encode()), centers), True)
         try:
-            for i, query in enumerate(queries):
+            # 与全文路一样：ts_rank_cd 限了查询数时只测前 20 个（预热）+ 限定的个数
+            for i, query in enumerate(queries if timed is queries else queries[:20 + len(timed)]):
                 started = time.perf_counter()
                 services.search(kb, services.SearchRequest(query=query, top_k=5, rerank=False))
                 if i >= 20:
