@@ -217,8 +217,9 @@ def statistics_drop(kb_id: uuid.UUID, *, batch_lexemes: int = 2000) -> int:
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                'SELECT max(lexeme) FROM (SELECT lexeme COLLATE "C" AS lexeme FROM fulltext_term_stats'
-                ' WHERE knowledge_base_id = %s AND lexeme COLLATE "C" > %s ORDER BY 1 LIMIT %s) batch',
+                # 词统计的 lexeme 与倒排一样是 COLLATE "C"：两张表的范围边界按同一顺序比较
+                "SELECT max(lexeme) FROM (SELECT lexeme FROM fulltext_term_stats"
+                " WHERE knowledge_base_id = %s AND lexeme > %s ORDER BY lexeme LIMIT %s) batch",
                 [kb_id, last, batch_lexemes],
             )
             (upper,) = cursor.fetchone()
