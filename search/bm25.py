@@ -115,8 +115,9 @@ def allot_postings(terms: Sequence[ScoredTerm], budget: int) -> list[TermRead]:
     按它的 IDF 占剩余各词 IDF 之和的那一份，用不完的（df 更小）留给后面更常见的词。
 
     按 IDF 加权是因为一行倒排对分数的贡献与 IDF 成正比：同样截断，IDF 越低的词丢掉的分数越少。
-    前缀词（孤立的单字）是一段词位范围，不能按影响力截断，只能整段读或不读；额度用完后剩下的词不读。
-    至少读一个词，只含常见词的查询也有结果。
+    前缀词（孤立的单字）是一段词位范围，不能按影响力截断：整段读得起（df 即那一段的行数）才读，读不起就跳过，
+    额度留给后面的词。至少读一个词，只含常见词的查询也有结果：一个都读不起时读最稀有的那个，最多读满额度
+    （前缀词此时只读那一段的一部分，见 search.retrieval 里前缀那一支）。
     """
     reads: list[TermRead] = []
     remaining = budget
@@ -134,7 +135,7 @@ def allot_postings(terms: Sequence[ScoredTerm], budget: int) -> list[TermRead]:
             continue  # 前缀词截不断，读不起就跳过
         remaining -= reads[-1].rows
     if not reads and terms:
-        reads.append(TermRead(terms[0], terms[0].df))  # 只有读不起的前缀词：仍读最稀有的那个，保证有结果
+        reads.append(TermRead(terms[0], min(terms[0].df, max(budget, 1))))
     return reads
 
 
@@ -142,7 +143,11 @@ def allot_postings(terms: Sequence[ScoredTerm], budget: int) -> list[TermRead]:
 
 
 def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> tuple[int, float, dict[tuple[str, bool], int]]:
-    """(分块数 N, 平均词数 avgdl, {(词位, 前缀?): df})。前缀词的 df 取以它开头的各词位 df 之和（上限 N）。"""
+    """(分块数 N, 平均词数 avgdl, {(词位, 前缀?): df})。
+
+    前缀词的“df”是以它开头的各词位 df 之和，也就是那一段倒排的行数（读它要花的工作量）；它可能超过 N，
+    算 IDF 时由 :func:`idf` 截到 N。
+    """
     exact = [t.lexeme for t in terms if not t.prefix]
     prefixes = [t.lexeme for t in terms if t.prefix]
     with search_connection().cursor() as cursor:
@@ -157,10 +162,11 @@ def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> tuple[int, 
             return 0, 0.0, dfs
         dfs.update(((lexeme, False), int(df)) for _, _, lexeme, df in rows if lexeme is not None)
         for prefix in prefixes:
-            # 主键是 (知识库, 词位 COLLATE "C")：前缀就是一段连续的主键范围
+            # 主键是 (知识库, 词位 COLLATE "C")：前缀就是一段连续的主键范围。前缀词单独一条查询：并进上面那条时
+            # 规划器只能按参数做通用计划（位图扫描），1M 分块的库里常见单字要慢一倍
             cursor.execute("SELECT coalesce(sum(df), 0) FROM fulltext_term_stats WHERE knowledge_base_id = %s"
                            " AND lexeme >= %s AND lexeme < %s", [kb_id, prefix, prefix + "\U0010ffff"])
-            dfs[(prefix, True)] = min(int(cursor.fetchone()[0]), n)
+            dfs[(prefix, True)] = int(cursor.fetchone()[0])
     return n, total / n, dfs
 
 

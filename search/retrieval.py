@@ -187,7 +187,7 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
     highs = [r.scored.term.lexeme + ("\U0010ffff" if r.scored.term.prefix else "") for r in reads]
     scoring_args: list[Any] = [list(range(len(reads))), lows, highs, [r.scored.weight for r in reads],
                                [r.scored.term.prefix for r in reads], [r.rows for r in reads],
-                               params.title_weight, params.k1, params.b, max(avgdl, 1e-9)]
+                               params.title_weight, params.k1 * (1 - params.b), params.k1 * params.b / max(avgdl, 1e-9)]
     # 先只拿分数最高的一批回表检查范围（状态、过滤条件）：长问题会命中上千个分块，逐个回表占全文一路一半的时间。
     # 范围内的结果不够 limit 且确实有分块被这一批截掉时，再对全部候选做一次——结果与一次做完全相同
     shortlist = max(limit * 4, _BM25_SHORTLIST)
@@ -200,8 +200,9 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
 _BM25_SHORTLIST = 400
 
 
-# BM25 的一项：加权词频 tf 的饱和，长度按 avgdl 归一（参数来自 _bm25_rows 的 k 行）
-_BM25_SATURATE = "{tf} / ({tf} + k.k1 * (1 - k.b + k.b * {length} / k.avgdl))"
+# BM25 的一项：加权词频 tf 的饱和，长度按 avgdl 归一：tf / (tf + k1·(1 - b + b·dl/avgdl))。
+# 常数先合并成 k 行的 c0 = k1·(1-b)、c1 = k1·b/avgdl（_bm25_search 里算）：每行倒排少算几次浮点运算
+_BM25_SATURATE = "{tf} / ({tf} + k.c0 + k.c1 * {length})"
 # 一个查询词读倒排：一次主键范围扫描，只读打分要的几列（仅索引扫描）
 _BM25_READ = ("(SELECT chunk_id, k.tw * title_tf + body_tf AS tf, length FROM fulltext_postings"
               " WHERE knowledge_base_id = %s AND {terms}) p")
@@ -212,18 +213,22 @@ _BM25_EXACT_PARTS = (
     " FROM q CROSS JOIN k CROSS JOIN LATERAL "
     + _BM25_READ.format(terms="NOT q.prefix AND lexeme = q.low ORDER BY impact DESC LIMIT q.rows")
 )
-# 前缀词（一段词位范围）整段读：先把同一分块里命中的各词位的词频相加再饱和，与 tsquery 的前缀匹配一致
+# 前缀词（一段词位范围）：先把同一分块里命中的各词位的词频相加再饱和，与 tsquery 的前缀匹配一致。
+# 通常整段读（分到的行数就是那一段的行数）；只有它读不起、又是唯一能读的词时截在额度上（倒着扫，最多 q.rows 行），
+# 一个 1M 分块的库里常见单字的那一段有近百万行
 _BM25_PREFIX_PARTS = (
     f"SELECT p.chunk_id, max(q.weight) * {_BM25_SATURATE.format(tf='sum(p.tf)', length='max(p.length)')}"
     " FROM q CROSS JOIN k CROSS JOIN LATERAL "
-    + _BM25_READ.format(terms="q.prefix AND lexeme >= q.low AND lexeme <= q.high")
-    + " GROUP BY p.chunk_id, q.term, k.k1, k.b, k.avgdl"
+    + _BM25_READ.format(terms="q.prefix AND lexeme >= q.low AND lexeme <= q.high"
+                        " ORDER BY lexeme DESC, impact DESC LIMIT q.rows")
+    + " GROUP BY p.chunk_id, q.term, k.c0, k.c1"
 )
 
 
 def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, scoring_args: list[Any],
                limit: int, shortlist: int | None) -> list[tuple[Any, ...]]:
-    """(分块 id, BM25 分, 有分数的分块总数)，范围内按分数降序的前 ``limit`` 个；``shortlist`` 限定回表的候选数。"""
+    """(分块 id, BM25 分, 候选数)，范围内按分数降序的前 ``limit`` 个。``shortlist`` 限定回表的候选数：这时只取前
+    ``shortlist + 1`` 个候选，候选数大于 ``shortlist`` 就说明有分块被截掉了。"""
     scope, scope_params = _match_sql(kb, query, filters)
     must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
     # 没有前缀词时不带前缀那一支：它的行数估计（整段词位范围）有上亿行，规划器会因此把 2 万行的汇总改成先排序。
@@ -233,16 +238,17 @@ def _bm25_rows(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, sc
     sql = (
         "WITH q(term, low, high, weight, prefix, rows) AS"
         " (SELECT * FROM unnest(%s::int[], %s::text[], %s::text[], %s::float8[], %s::bool[], %s::int[])),"
-        " k(tw, k1, b, avgdl) AS (SELECT %s::float8, %s::float8, %s::float8, %s::float8),"
+        " k(tw, c0, c1) AS (SELECT %s::float8, %s::float8, %s::float8),"
         f" s AS (SELECT chunk_id, sum(part) AS score FROM ({parts}) part GROUP BY chunk_id),"
+        # 多取一个候选：取满 shortlist + 1 个就说明有分块被截掉。只数 top 而不数 s，s 只被引用一次，不必物化
         f" top AS (SELECT chunk_id, score FROM s ORDER BY score DESC, chunk_id{' LIMIT %s' if shortlist else ''})"
         # 范围检查逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块
         # 读出来做哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
-        " SELECT c.id, top.score, (SELECT count(*) FROM s) FROM top CROSS JOIN LATERAL"
+        " SELECT c.id, top.score, (SELECT count(*) FROM top) FROM top CROSS JOIN LATERAL"
         f" (SELECT c.id FROM document_chunks c WHERE c.id = top.chunk_id AND {scope}{must} OFFSET 0) c"
         " ORDER BY top.score DESC, c.id LIMIT %s"
     )
-    args = [*scoring_args, kb.id, *([kb.id] if prefix else []), *([shortlist] if shortlist else []), *scope_params,
+    args = [*scoring_args, kb.id, *([kb.id] if prefix else []), *([shortlist + 1] if shortlist else []), *scope_params,
             *([query.tsquery] if must else []), limit]
     with search_connection().cursor() as cursor:
         cursor.execute(sql, args)

@@ -111,6 +111,18 @@ def test_postings_budget_keeps_the_rarest_terms(medical: KnowledgeBase, settings
         knowledge_base=medical, chunk_text__contains="党参").values_list("id", flat=True))
 
 
+@pytest.mark.django_db
+def test_prefix_term_beyond_the_budget_is_read_in_part(medical: KnowledgeBase, settings: Any) -> None:
+    query = parse_query("肝")  # 孤立的单字：以“肝”开头的一段词位（前缀词）
+    assert [t.prefix for t in query.terms] == [True]
+    whole = fulltext_search(medical, query, SearchFilters(), limit=50).hits
+    assert len(whole) == 2
+    settings.BM25_MAX_POSTINGS = 1  # 那一段读不起，又是唯一的词：只读额度内的一行，仍然有结果
+    part = fulltext_search(medical, query, SearchFilters(), limit=50).hits
+    assert len(part) == 1
+    assert {h.chunk_id for h in part} <= {h.chunk_id for h in whole}
+
+
 def _scored(df: int, lexeme: str, prefix: bool = False, idf: float = 1.0) -> bm25.ScoredTerm:
     from search.fulltext import QueryTerm
 
@@ -133,9 +145,9 @@ def test_allot_postings_skips_prefix_terms_it_cannot_afford() -> None:
     terms = [_scored(10, "a"), _scored(4000, "肝", prefix=True), _scored(9000, "c")]
     # 读不起的前缀词跳过，它那份额度留给后面的词
     assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(terms, 3000)] == [("a", 10), ("c", 2990)]
-    # 只有前缀词且一个也读不起：仍整段读最稀有的那个
+    # 只有前缀词且一个也读不起：仍读最稀有的那个，但最多读满额度（工作量有界）
     only = [_scored(4000, "肝", prefix=True)]
-    assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(only, 100)] == [("肝", 4000)]
+    assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(only, 100)] == [("肝", 100)]
     assert bm25.allot_postings([], 100) == []
 
 
