@@ -253,6 +253,8 @@ REDIS_URL = env_redis_url()
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
 TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)
+WORKER_NICE = env_int("RAG_WORKER_NICE", 10, "后台任务进程（qcluster）的 nice 值：CPU 紧张时检索先跑，摄取用剩下的 CPU；"
+                      "0 不调", minimum=0, maximum=19)
 Q_CLUSTER = {
     "name": "ragservice",
     "workers": env_int("RAG_QUEUE_WORKERS", 2, "django-q2 worker 进程数", minimum=1),

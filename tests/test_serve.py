@@ -72,6 +72,11 @@ def test_serve_from_fresh_data_dir(tmp_path):
         # web 与 worker 各在自己的进程组里：SIGTERM 只发给 serve，由它停掉子进程组，不留孤儿
         descendants = psutil.Process(server.pid).children(recursive=True)
         assert len(descendants) >= 4  # gunicorn 主进程与 worker、qcluster 与快队列集群……
+        # 后台任务让着检索：qcluster 与它派生的进程（哨兵、worker、快队列）都在 RAG_WORKER_NICE（默认 10），web 不变
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        commands = [(process, " ".join(process.cmdline())) for process in descendants]
+        assert {process.nice() for process, command in commands if "qcluster" in command} == {max(own, 10)}
+        assert {process.nice() for process, command in commands if "gunicorn" in command} == {own}
         os.killpg(server.pid, signal.SIGTERM)
         started = time.monotonic()
         assert server.wait(timeout=40) == 0
