@@ -3,7 +3,10 @@
 设计要点：
 - 幂等、可续跑：每批删除与 processed 的累加在同一个事务里提交，worker 在任何时刻被杀，
   已提交的批次与计数一致，未提交的批次整体回滚，续跑时从剩余行继续，不会重复计数。
-- 单执行者：以任务 id 为键的 advisory lock，保证重投递/重试/回收不会并发执行同一任务。
+- 单执行者：以知识库 id 为键的 advisory lock，保证重投递/重试/回收不会让同一个知识库的清理并发执行
+  （一个知识库只会有一条清理任务，锁仍按知识库取：互斥的是对同一批行的删除，不依赖这个一对一）。
+- 超时：清理 1M 分块的库约一小时，按 ``RAG_MAINTENANCE_TIMEOUT`` 而不是 ``RAG_TASK_TIMEOUT`` 计时
+  （:func:`cleanup_q_options`）；超过 ORM 代理 ``retry`` 的那份重投递拿不到锁，立即返回。
 - 自动重试：失败后按 base·2^(n-1)（默认 1/2/4 分钟）用 django-q2 的一次性 Schedule
   安排下一次尝试；用尽重试次数后置为 failed，等待人工重试。
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
+from typing import Any
 
 import structlog
 from django.conf import settings
@@ -45,8 +49,14 @@ _DELETE_DOCUMENTS_SQL = """
 """
 
 
-def lock_key(task_id: uuid.UUID) -> str:
-    return f"cleanup:{task_id}"
+def lock_key(kb_id: uuid.UUID) -> str:
+    """清理一个知识库的 advisory lock 键（``ops.locks``）；回收器用同一个键判断有没有活着的执行者。"""
+    return f"cleanup:{kb_id}"
+
+
+def cleanup_q_options() -> dict[str, Any]:
+    """清理任务入队的 django-q2 选项：走快队列，按维护任务的上限计时（入队、自动重试、回收器重新入队共用）。"""
+    return {"cluster": settings.FAST_QUEUE, "timeout": settings.MAINTENANCE_TIMEOUT}
 
 
 def _remaining(kb_id: uuid.UUID) -> int:
@@ -120,9 +130,11 @@ def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
         task.error_message = message[:4000]
         if attempt <= settings.CLEANUP_MAX_RETRIES:
             delay = backoff_seconds(settings.CLEANUP_RETRY_BASE_SECONDS, attempt)
+            options = cleanup_q_options()
             task.next_retry_at = schedule_task(
                 CLEANUP_TASK_FUNC, str(task_id), attempt=attempt + 1, delay_seconds=delay,
-                request_id=task.request_id, label="cleanup-retry", queue=settings.FAST_QUEUE,
+                request_id=task.request_id, label="cleanup-retry", queue=options["cluster"],
+                timeout=options["timeout"],
             )
             task.save(update_fields=["error_message", "next_retry_at", "updated_at"])
             metrics.CLEANUP_RETRIES.inc()
@@ -137,11 +149,16 @@ def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
 
 
 def cleanup_run(*, task_id: uuid.UUID, attempt: int) -> None:
-    """执行（或续跑）一次清理尝试。重复投递、过期的尝试都会被安全地忽略。"""
-    with advisory_lock(lock_key(task_id)) as acquired:
+    """执行（或续跑）一次清理尝试。重复投递、过期的尝试、同一知识库上已有执行者时都会被安全地忽略。"""
+    kb_id = CleanupTask.objects.filter(pk=task_id).values_list("knowledge_base_id", flat=True).first()
+    if kb_id is None:
+        logger.info("cleanup_skipped_finished", status=None)
+        return
+    with advisory_lock(lock_key(kb_id)) as acquired:
         if not acquired:
-            logger.info("cleanup_skipped_busy")
+            logger.info("cleanup_skipped_busy", knowledge_base_id=str(kb_id))
             return
+        # 拿到锁之后再读状态：读知识库 id 与拿锁之间，前一个执行者可能刚把它做完
         task = CleanupTask.objects.filter(pk=task_id).first()
         if task is None or task.status in (CleanupTask.Status.COMPLETED, CleanupTask.Status.FAILED):
             logger.info("cleanup_skipped_finished", status=getattr(task, "status", None))

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from knowledge.cleanup import CLEANUP_TASK_FUNC
+from knowledge.cleanup import CLEANUP_TASK_FUNC, cleanup_q_options
 from knowledge.models import CleanupTask, KnowledgeBase
 from knowledge.selectors import cleanup_task_not_found, knowledge_base_fetch, parse_uuid
 from ops.auth import Principal, authorize_global_write, authorize_knowledge_base
@@ -146,7 +146,7 @@ def knowledge_base_delete(*, principal: Principal, kb_id: str | uuid.UUID) -> Cl
     kb.deleted_at = timezone.now()
     kb.save(update_fields=["status", "deleted_at", "updated_at"])
     task = CleanupTask.objects.create(knowledge_base=kb, request_id=current_request_id() or "")
-    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, cluster=settings.FAST_QUEUE)
+    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, **cleanup_q_options())
     logger.info("knowledge_base_deleted", knowledge_base_id=str(kb.id), cleanup_task_id=str(task.id))
     return task
 
@@ -176,6 +176,6 @@ def cleanup_task_retry(*, principal: Principal, task_id: str | uuid.UUID) -> Cle
     task.finished_at = None
     task.request_id = current_request_id() or task.request_id
     task.save()
-    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, cluster=settings.FAST_QUEUE)
+    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, **cleanup_q_options())
     logger.info("cleanup_task_retried", cleanup_task_id=str(task.id))
     return task

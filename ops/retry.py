@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 import structlog
 from django.db import DatabaseError, close_old_connections, connection
@@ -49,17 +50,21 @@ def database_ready(*, wait_seconds: float = DATABASE_WAIT_SECONDS) -> None:
 
 
 def schedule_task(func: str, object_id: str, *, attempt: int, delay_seconds: float, request_id: str,
-                  label: str, queue: str | None = None) -> datetime:
+                  label: str, queue: str | None = None, timeout: int | None = None) -> datetime:
     """安排 ``func(object_id, attempt=attempt, request_id=...)`` 在 delay 秒后执行（放进 queue 对应的
-    django-q2 集群，默认主队列），返回执行时间。"""
+    django-q2 集群，默认主队列），返回执行时间。``timeout`` 是这次执行的秒数上限（默认集群的 ``timeout``），
+    按 django-q2 的约定放在 kwargs 的 ``q_options`` 里，调度器入队时取出，不会传给 func。"""
     from django_q.models import Schedule
 
+    kwargs: dict[str, Any] = {"attempt": attempt, "request_id": request_id}
+    if timeout is not None:
+        kwargs["q_options"] = {"timeout": timeout}
     next_run = timezone.now() + timedelta(seconds=delay_seconds)
     Schedule.objects.create(
         name=f"{label}:{object_id}:{attempt}:{next_run.timestamp():.0f}",
         func=func,
         args=repr((object_id,)),
-        kwargs=repr({"attempt": attempt, "request_id": request_id}),
+        kwargs=repr(kwargs),
         schedule_type=Schedule.ONCE,
         repeats=-1,
         next_run=next_run,

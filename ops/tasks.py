@@ -2,8 +2,10 @@
 
 worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“状态是 pending/running、却没有人在做”
 的任务行。这里每分钟扫描一次（在快队列上执行，不排在长摄取后面）：
-- 清理任务：超过 RAG_STALE_TASK_SECONDS 无进展、且没有执行者持有其 advisory lock 的，重新入队
-  （清理按批删除、幂等，即使数据库重启释放了锁、两个执行者短暂并存，也只是删同一批行）；
+- 清理任务：超过 RAG_STALE_TASK_SECONDS 无进展、且没有执行者持有其知识库的 advisory lock 的，重新入队
+  （清理按批删除、幂等，即使数据库重启释放了锁、两个执行者短暂并存，也只是删同一批行）。判断“活着”看锁而不看
+  已运行多久：清理按 RAG_MAINTENANCE_TIMEOUT（小时级）计时，先删倒排的那一段（1M 分块约一小时）不更新
+  updated_at，只要执行者的连接还在、锁还在，就不会被当成孤儿；
 - 文档：租约过期未续的，收回租约后重新入队或置为失败（见 reap_stale_documents）；
   超过 RAG_STALE_TASK_SECONDS 还没人开始处理的，再入队一次（见 requeue_waiting_documents）。
 """
@@ -18,7 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from documents.models import Document
-from knowledge.cleanup import CLEANUP_TASK_FUNC, lock_key
+from knowledge.cleanup import CLEANUP_TASK_FUNC, cleanup_q_options, lock_key
 from knowledge.models import CleanupTask
 from ops import metrics
 from ops.context import task_context
@@ -42,12 +44,12 @@ def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:
     )
     requeued = []
     for task in candidates:
-        if is_locked(lock_key(task.id)):
+        if is_locked(lock_key(task.knowledge_base_id)):
             continue
         # 先刷新 updated_at：队列积压时不至于每分钟重复入队
         CleanupTask.objects.filter(pk=task.pk).update(updated_at=timezone.now())
         async_task(CLEANUP_TASK_FUNC, str(task.id), attempt=max(task.attempts, 1),
-                   request_id=task.request_id or None, cluster=settings.FAST_QUEUE)
+                   request_id=task.request_id or None, **cleanup_q_options())
         metrics.STALE_TASKS_REQUEUED.labels(kind="cleanup").inc()
         logger.warning("stale_task_requeued", kind="cleanup", cleanup_task_id=str(task.id), status=task.status)
         requeued.append(str(task.id))

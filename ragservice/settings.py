@@ -253,13 +253,23 @@ REDIS_URL = env_redis_url()
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
 TASK_TIMEOUT = env_int("RAG_TASK_TIMEOUT", 1800, "单个后台任务的最长运行秒数", minimum=10)
-WORKER_NICE = env_int("RAG_WORKER_NICE", 10, "后台任务进程（qcluster）的 nice 值：CPU 紧张时检索先跑，摄取用剩下的 CPU；"
-                      "0 不调", minimum=0, maximum=19)
+WORKER_NICE = env_int("RAG_WORKER_NICE", 10,
+                      "后台任务进程（qcluster）的 nice 值：CPU 紧张时检索先跑，摄取用剩下的 CPU；0 不调",
+                      minimum=0, maximum=19)
+# 维护任务（知识库清理、知识库自己的 HNSW 索引同步）的单独上限，入队时作为 django-q2 的按任务 timeout 传入。
+# 2 核机器上 89 万分块的库建图约 40 分钟、1M 分块的库清理约 1 小时（bench/README.md），都比 TASK_TIMEOUT 长；
+# 4 小时给 1M 级的单库留 4~6 倍余量（机器同时在跑别的负载时会慢一倍以上），又不至于让真正卡住的任务占着 worker 一整天
+MAINTENANCE_TIMEOUT = env_int("RAG_MAINTENANCE_TIMEOUT", 4 * 3600,
+                              "维护任务（知识库清理、知识库 HNSW 索引同步）的最长运行秒数", minimum=10)
 Q_CLUSTER = {
     "name": "ragservice",
     "workers": env_int("RAG_QUEUE_WORKERS", 2, "django-q2 worker 进程数", minimum=1),
     "timeout": TASK_TIMEOUT,
-    # 代理重投递必须晚于超时，否则同一任务会并行跑两份
+    # 代理重投递晚于普通任务的超时，普通任务不会并行跑两份。retry 故意不抬到 MAINTENANCE_TIMEOUT 之上：
+    # 它也是 worker 被杀后 ORM 代理把任务交回队列的等待时间，抬到 4 小时，所有任务的这条兜底都要慢 4 小时。
+    # 代价是运行超过 retry 的维护任务会被 ORM 代理再投递一份给另一个 worker：那一份拿不到同一把 advisory lock
+    # （清理按知识库、建索引按知识库，见 knowledge.cleanup 与 search.ann）——清理立即返回，索引同步跳过正在建的
+    # 知识库（其余照常同步，与下一轮定时同步无异）——随后确认掉这条消息，不会再投递第三份。Redis 代理没有重投递
     "retry": TASK_TIMEOUT + 60,
     "max_attempts": 3,
     "ack_failures": True,

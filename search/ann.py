@@ -33,9 +33,11 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from documents.models import HNSW_M, Document
 from knowledge.models import KnowledgeBase
+from ops.locks import advisory_lock
 from ragservice.routers import search_connection
 
 logger = structlog.get_logger(__name__)
@@ -58,13 +60,23 @@ _OPCLASS_COMPRESSION = {opclass: compression for compression, (_, opclass, _) in
 # 知识库自己的图按这个 ef_construction 建：100k 分块上 64 → 200 让 ef_search=100 的召回从 0.92 升到 1.0，
 # 建索引时间约 1.8 倍（bench/README.md）
 KB_INDEX_EF_CONSTRUCTION = 200
-# 建索引互斥用的 advisory lock 键空间（pg_try_advisory_lock(int, int) 的第一个键）
-_BUILD_LOCK = 0x616E6E
 
 
 def kb_index_name(kb_id: uuid.UUID) -> str:
     """知识库自己的 HNSW 索引名（63 字节以内）。"""
     return f"document_chunks_ann_{kb_id.hex}"
+
+
+def kb_index_lock_key(kb_id: uuid.UUID) -> str:
+    """建、删一个知识库索引的会话级 advisory lock 键（``ops.locks``）。
+
+    锁绑在执行 CREATE INDEX 的数据库会话上。worker 被硬杀（SIGKILL、OOM）时服务器端那条语句并不察觉客户端已断开，
+    会继续建到结束，锁也一直由它持有：下一轮同步、ORM 代理的重投递看到锁被占用就跳过，不会把建到一半的索引删掉重来。
+    django-q2 的超时则不同：它在任务里抛 SystemExit，psycopg 随即取消正在执行的语句、留下无效索引并释放锁，
+    下一轮只能删掉重建——所以这个任务按 ``RAG_MAINTENANCE_TIMEOUT`` 而不是 ``RAG_TASK_TIMEOUT`` 计时
+    （``knowledge.tasks``）。
+    """
+    return f"ann-index:{kb_id}"
 
 
 @dataclass(frozen=True)
@@ -81,10 +93,14 @@ class KbIndex:
 _CENTER = re.compile(r"'(\[[-0-9.,e+ ]*\])'::vector")
 
 
-def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:
-    """查系统目录：这个知识库有没有自己的索引、用什么压缩、是否可用。"""
+def kb_index_state(kb_id: uuid.UUID, *, conn: BaseDatabaseWrapper | None = None) -> KbIndex | None:
+    """查系统目录：这个知识库有没有自己的索引、用什么压缩、是否可用。
+
+    ``conn`` 是要查的那个库：建、删索引看主库（默认）；检索传 ``search_connection()``——索引必须在执行查询的那个库上
+    可用，副本回放落后时主库上已建好的索引在副本上可能还不存在或还无效。
+    """
     name = kb_index_name(kb_id)
-    with connection.cursor() as cursor:
+    with (conn or connection).cursor() as cursor:
         cursor.execute(
             "SELECT i.indisvalid AND i.indisready, o.opcname, pg_get_indexdef(c.oid) FROM pg_class c"
             " JOIN pg_index i ON i.indexrelid = c.oid JOIN pg_opclass o ON o.oid = i.indclass[0]"
@@ -131,17 +147,18 @@ def _kb_predicate(kb: KnowledgeBase, alias: str = "") -> str:
 def kb_index_build(*, kb: KnowledgeBase) -> bool:
     """为知识库建自己的索引（CONCURRENTLY，不阻塞写入）；已经有可用的同压缩索引时什么也不做，返回是否建了。
 
-    必须在事务之外调用（CONCURRENTLY 的要求）。两个 worker 同时处理同一知识库时只有拿到 advisory lock 的那个建。
-    上次失败留下的无效索引、或压缩方式已改的旧索引先删掉。
+    必须在事务之外调用（CONCURRENTLY 的要求）。两个 worker 同时处理同一知识库时只有拿到 advisory lock 的那个建；
+    先拿锁再看索引状态：持锁的会话还在建的索引同样是“无效”的，不拿锁就看会把它当成失败的残留删掉。
+    上次失败留下的无效索引（建它的会话已不在、锁已释放）、或压缩方式已改的旧索引先删掉。
     """
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [_BUILD_LOCK, str(kb.id)])
-        if not cursor.fetchone()[0]:
+    with advisory_lock(kb_index_lock_key(kb.id)) as acquired:
+        if not acquired:
+            logger.info("ann_kb_index_busy", knowledge_base_id=str(kb.id))
             return False
-        try:
-            state = kb_index_state(kb.id)
-            if state and state.valid and state.compression == kb.vector_compression:
-                return False
+        state = kb_index_state(kb.id)
+        if state and state.valid and state.compression == kb.vector_compression:
+            return False
+        with connection.cursor() as cursor:
             if state:
                 cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {state.name}")
             # 一次建完整张图需要的内存：向量本身加邻居表，按行数估计，超过上限时 pgvector 退化为逐行插入（慢很多）
@@ -149,18 +166,21 @@ def kb_index_build(*, kb: KnowledgeBase) -> bool:
                            [f"{settings.ANN_BUILD_MEMORY_MB}MB"])
             cursor.execute(kb_index_sql(kb))
             cursor.execute("RESET maintenance_work_mem")
-            logger.info("ann_kb_index_built", knowledge_base_id=str(kb.id), compression=kb.vector_compression)
-            return True
-        finally:
-            cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [_BUILD_LOCK, str(kb.id)])
+        logger.info("ann_kb_index_built", knowledge_base_id=str(kb.id), compression=kb.vector_compression)
+        return True
 
 
 def kb_index_drop(*, kb_id: uuid.UUID) -> bool:
-    """删掉知识库自己的索引（CONCURRENTLY）；没有时返回 False。"""
-    if kb_index_state(kb_id) is None:
-        return False
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {kb_index_name(kb_id)}")
+    """删掉知识库自己的索引（CONCURRENTLY）；没有、或另一个会话正在建它（持有同一把锁）时返回 False。"""
+    with advisory_lock(kb_index_lock_key(kb_id)) as acquired:
+        if not acquired:
+            # 知识库刚删除或刚缩小而索引还在建：等它建完，下一轮同步再删
+            logger.info("ann_kb_index_busy", knowledge_base_id=str(kb_id))
+            return False
+        if kb_index_state(kb_id) is None:
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {kb_index_name(kb_id)}")
     logger.info("ann_kb_index_dropped", knowledge_base_id=str(kb_id))
     return True
 
@@ -204,25 +224,27 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
     ANN 凑不满候选退回精确扫描时加 "+exact"。``query`` 是向量字面量。
     """
     dim = int(kb.embedding_dimension)
+    # 看索引状态与执行查询用同一条连接：副本可用时两者都在副本上
+    conn = search_connection()
     if exact:
-        return _run(_exact_sql(dim, scope), [query, *params, limit], None), "exact"
-    state = kb_index_state(kb.id)
+        return _run(conn, _exact_sql(dim, scope), [query, *params, limit], None), "exact"
+    state = kb_index_state(kb.id, conn=conn)
     if state and state.valid:
         compression = KnowledgeBase.VectorCompression(state.compression)
         method = "kb_index" + ("" if compression == KnowledgeBase.VectorCompression.NONE else f":{compression}")
         sql, args, candidates = _kb_index_query(kb, compression, state.center, scope, params, query, limit)
         # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
         # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
-        rows = _run(sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates))
+        rows = _run(conn, sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates))
     else:
         method = "hnsw"
         distance = _COMPRESSION_SQL[KnowledgeBase.VectorCompression.NONE][2].format(dim=dim, q="%s")
         sql = (f"SELECT c.id, {distance} AS distance FROM document_chunks c"
                f" WHERE c.embedding_dim = {dim} AND {scope} ORDER BY distance LIMIT %s")
-        rows = _run(sql, [query, *params, limit], max(settings.HNSW_EF_SEARCH, limit))
+        rows = _run(conn, sql, [query, *params, limit], max(settings.HNSW_EF_SEARCH, limit))
     if len(rows) < limit:
         # 迭代扫描在 max_scan_tuples 内凑不满（过滤条件太严）：退回精确扫描，候选数永远是 min(limit, 范围内行数)
-        return _run(_exact_sql(dim, scope), [query, *params, limit], None), f"{method}+exact"
+        return _run(conn, _exact_sql(dim, scope), [query, *params, limit], None), f"{method}+exact"
     return rows, method
 
 
@@ -253,10 +275,10 @@ def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompress
     return sql, [*params, query, candidates, query, limit], candidates
 
 
-def _run(sql: str, args: Sequence[Any], ef_search: int | None) -> list[tuple[int, float]]:
-    """执行一条向量查询；走 HNSW 时在同一事务里 SET LOCAL ef_search 与迭代扫描（不影响连接上的其他查询）。
-    有只读副本时走副本（``ragservice.routers``）。"""
-    conn = search_connection()
+def _run(conn: BaseDatabaseWrapper, sql: str, args: Sequence[Any], ef_search: int | None,
+         ) -> list[tuple[int, float]]:
+    """在 ``conn``（``search_connection()``：有只读副本时是副本）上执行一条向量查询；走 HNSW 时在同一事务里
+    SET LOCAL ef_search 与迭代扫描（不影响连接上的其他查询）。"""
     # 只有 SET LOCAL 需要事务；精确扫描只有一条语句，自动提交即可，省掉 BEGIN 与 COMMIT 两次往返（每个检索请求都有）
     scope = transaction.atomic(using=conn.alias) if ef_search is not None else nullcontext()
     with scope, conn.cursor() as cursor:

@@ -93,6 +93,7 @@ def _run_scheduled_retry(task: CleanupTask) -> Schedule:
     assert schedule.func == "knowledge.tasks.run_cleanup"
     args = ast.literal_eval(schedule.args)
     kwargs = ast.literal_eval(schedule.kwargs)
+    kwargs.pop("q_options")  # django-q2 的选项（超时），调度器入队时取出，不传给任务函数
     schedule.delete()  # 相当于 django-q2 调度器取走这个一次性调度
     run_cleanup(*args, **kwargs)
     return schedule
@@ -162,14 +163,14 @@ def test_concurrent_execution_is_prevented_by_lock(kb_factory):
     other = connections.create_connection("default")
     try:
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [cleanup.lock_key(task.id)])
+            cursor.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [cleanup.lock_key(kb.id)])
         run_cleanup(str(task.id))
         task.refresh_from_db()
         assert task.status == "pending"  # 另一个执行者持有锁：本次直接退出
     finally:
         # 显式释放：仅关闭连接时，服务器端释放会话锁是异步的，紧接着的执行可能仍看到锁被占用
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [cleanup.lock_key(task.id)])
+            cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [cleanup.lock_key(kb.id)])
         other.close()
     run_cleanup(str(task.id))
     task.refresh_from_db()

@@ -10,6 +10,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -20,7 +21,9 @@ from knowledge.models import KnowledgeBase
 from ops.metrics import REPLICA_FALLBACKS
 from ragservice.config import env_redis_url
 from ragservice.routers import REPLICA, PrimaryReplicaRouter, reset_replica_state, search_connection
-from tests.factories import ingest_text
+from search import ann
+from search.retrieval import SearchFilters, vector_search
+from tests.factories import add_documents, ingest_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,6 +101,24 @@ def test_search_reads_go_to_the_replica(client_rw: Any, kb_factory: Any, fake_em
     # 本线程里的全文一路、读分块详情都在副本上；主库只剩鉴权与知识库查找这类 ORM 读
     assert _chunk_reads(on_replica) >= 2, on_replica.captured_queries
     assert _chunk_reads(on_primary) == 0, on_primary.captured_queries
+
+
+def test_vector_index_state_is_read_where_the_vector_query_runs(kb_factory: Any,
+                                                                replica: Callable[..., None]) -> None:
+    """向量路先查系统目录看知识库自己的索引是否可用，再按结果选查询方式：两步都必须在副本上（主库上建好的索引，
+    副本回放落后时可能还没有）。建、删索引看主库。"""
+    kb = kb_factory(embedding_dimension=384)
+    add_documents(kb, documents=1, chunks_per_document=3)
+    replica()
+    with CaptureQueriesContext(connections[REPLICA]) as on_replica, \
+            CaptureQueriesContext(connections[DEFAULT_DB_ALIAS]) as on_primary:
+        hits, method = vector_search(kb, np.ones(384, dtype=np.float32), SearchFilters(), 2, exact=False)
+        assert ann.kb_index_state(kb.id) is None
+    assert (len(hits), method) == (2, "hnsw")
+    catalog = [query["sql"] for query in on_replica.captured_queries if "pg_index" in query["sql"]]
+    assert len(catalog) == 1 and ann.kb_index_name(kb.id) in str(on_replica.captured_queries), catalog
+    # 主库上只有显式不带连接的那一次（建、删索引的路径）
+    assert sum("pg_index" in query["sql"] for query in on_primary.captured_queries) == 1
 
 
 def test_unreachable_replica_falls_back_to_primary(client_rw: Any, kb_factory: Any, fake_embedder: Any,

@@ -108,3 +108,27 @@ def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
     assert done.status == "completed", (done.error_message, second.log())
     assert done.attempts == 2
     assert done.chunk_count == DocumentChunk.objects.filter(document=done).count() > 20
+
+
+def test_cleanup_outlives_the_cluster_timeout_under_the_maintenance_timeout(kb_factory, tmp_path, monkeypatch,
+                                                                            settings):
+    """真实 worker：集群超时（RAG_TASK_TIMEOUT）只有 10 秒，清理跑得更久也不被杀——它按入队时带上的
+    RAG_MAINTENANCE_TIMEOUT 计时，一次尝试做完。"""
+    monkeypatch.setattr(Conf, "SYNC", False)
+    settings.MAINTENANCE_TIMEOUT = 120
+    kb = kb_factory()
+    total = add_documents(kb, documents=4, chunks_per_document=50)
+    slow = {"RAG_TASK_TIMEOUT": "10", "RAG_CLEANUP_BATCH_SIZE": "5", "RAG_CLEANUP_BATCH_PAUSE_MS": "400"}
+    cluster = WorkerCluster(tmp_path / "worker.log", **slow).start()
+    try:
+        task = knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)
+        wait_for(lambda: _progress(task.id).status == "completed", timeout=90, what="cleanup completion")
+    finally:
+        cluster.stop()
+    done = _progress(task.id)
+    assert done.processed == done.total == total and done.attempts == 1, cluster.log()
+    assert done.started_at and done.finished_at
+    ran = (done.finished_at - done.started_at).total_seconds()
+    print(f"cleanup of {total} rows ran {ran:.1f} s under a 10 s cluster timeout")
+    assert ran > 13, "清理没有跑过集群超时（加 3 秒缓冲），测不出什么"
+    assert "after timeout" not in cluster.log()
