@@ -26,13 +26,12 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from documents.models import HNSW_M, Document
@@ -93,23 +92,27 @@ class KbIndex:
 _CENTER = re.compile(r"'(\[[-0-9.,e+ ]*\])'::vector")
 
 
-def kb_index_state(kb_id: uuid.UUID, *, conn: BaseDatabaseWrapper | None = None) -> KbIndex | None:
-    """查系统目录：这个知识库有没有自己的索引、用什么压缩、是否可用。
+# 知识库索引的状态：是否可用、操作符类（压缩方式）、定义（二值量化的中心向量在其中）。检索把它并进读分块数的那条
+# 查询（``search.retrieval.search_plan``），建、删索引单独查
+INDEX_STATE_SQL = ("SELECT i.indisvalid AND i.indisready AS valid, o.opcname, pg_get_indexdef(c.oid) AS definition"
+                   " FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+                   " JOIN pg_opclass o ON o.oid = i.indclass[0] WHERE c.relname = %s")
 
-    ``conn`` 是要查的那个库：建、删索引看主库（默认）；检索传 ``search_connection()``——索引必须在执行查询的那个库上
-    可用，副本回放落后时主库上已建好的索引在副本上可能还不存在或还无效。
-    """
-    name = kb_index_name(kb_id)
-    with (conn or connection).cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid AND i.indisready, o.opcname, pg_get_indexdef(c.oid) FROM pg_class c"
-            " JOIN pg_index i ON i.indexrelid = c.oid JOIN pg_opclass o ON o.oid = i.indclass[0]"
-            " WHERE c.relname = %s", [name])
-        row = cursor.fetchone()
-    if row is None:
+
+def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:
+    """查主库的系统目录：这个知识库有没有自己的索引、用什么压缩、是否可用（建、删索引用）。"""
+    with connection.cursor() as cursor:
+        cursor.execute(INDEX_STATE_SQL, [kb_index_name(kb_id)])
+        return kb_index_from_row(kb_id, cursor.fetchone())
+
+
+def kb_index_from_row(kb_id: uuid.UUID, row: Sequence[Any] | None) -> KbIndex | None:
+    """``INDEX_STATE_SQL`` 的一行（没有索引时为 None 或全是 NULL）转成 :class:`KbIndex`。"""
+    if row is None or row[1] is None:
         return None
     center = _CENTER.search(row[2])
-    return KbIndex(name, _OPCLASS_COMPRESSION.get(row[1], ""), bool(row[0]), f"'{center.group(1)}'" if center else "")
+    return KbIndex(kb_index_name(kb_id), _OPCLASS_COMPRESSION.get(row[1], ""), bool(row[0]),
+                   f"'{center.group(1)}'" if center else "")
 
 
 def _center_literal(kb: KnowledgeBase) -> str:
@@ -217,22 +220,22 @@ def kb_indexes_sync() -> dict[str, list[str]]:
 
 
 def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[Any], limit: int,
-               exact: bool) -> tuple[list[tuple[int, float]], str]:
+               exact: bool, index: KbIndex | None) -> tuple[list[tuple[int, float]], str]:
     """在 ``scope``（``search.retrieval`` 的检索范围 SQL 与参数）里按余弦距离取前 ``limit`` 个 (分块 id, 距离)。
 
+    ``index`` 是知识库自己的索引在执行查询的那个库上的状态（``search.retrieval.search_plan`` 在检索连接上读出：
+    副本回放落后时，主库上已建好的索引在副本上可能还不存在或还无效）。
     返回的方法名："exact"、"kb_index"（知识库自己的索引，压缩时带后缀，如 "kb_index:binary"）、"hnsw"（共享索引），
     ANN 凑不满候选退回精确扫描时加 "+exact"。``query`` 是向量字面量。
     """
     dim = int(kb.embedding_dimension)
-    # 看索引状态与执行查询用同一条连接：副本可用时两者都在副本上
     conn = search_connection()
     if exact:
         return _run(conn, _exact_sql(dim, scope), [query, *params, limit], None), "exact"
-    state = kb_index_state(kb.id, conn=conn)
-    if state and state.valid:
-        compression = KnowledgeBase.VectorCompression(state.compression)
+    if index and index.valid:
+        compression = KnowledgeBase.VectorCompression(index.compression)
         method = "kb_index" + ("" if compression == KnowledgeBase.VectorCompression.NONE else f":{compression}")
-        sql, args, candidates = _kb_index_query(kb, compression, state.center, scope, params, query, limit)
+        sql, args, candidates = _kb_index_query(kb, compression, index.center, scope, params, query, limit)
         # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
         # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
         rows = _run(conn, sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates))
@@ -277,21 +280,28 @@ def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompress
 
 def _run(conn: BaseDatabaseWrapper, sql: str, args: Sequence[Any], ef_search: int | None,
          ) -> list[tuple[int, float]]:
-    """在 ``conn``（``search_connection()``：有只读副本时是副本）上执行一条向量查询；走 HNSW 时在同一事务里
-    SET LOCAL ef_search 与迭代扫描（不影响连接上的其他查询）。"""
-    # 只有 SET LOCAL 需要事务；精确扫描只有一条语句，自动提交即可，省掉 BEGIN 与 COMMIT 两次往返（每个检索请求都有）
-    scope = transaction.atomic(using=conn.alias) if ef_search is not None else nullcontext()
-    with scope, conn.cursor() as cursor:
-        if ef_search is not None:
-            # 关掉排序：走到这里的都是调用方按分块数判定为大的知识库，该走 HNSW。规划器的行数估计却会漂：
-            # 5 万分块的知识库在反复上传、删除文档之后，文档半连接把本库的行数估成 156 行，于是选了“逐个文档
-            # 回表 + 排序”（每个查询 228 ms，20 RPS 的负载下检索吞吐跌到一半）。关掉排序后索引给出顺序的计划
-            # 总是胜出（外层重排 200 个候选的那次排序两种计划都有）；过滤太严时迭代扫描凑不满，照旧退回精确扫描
-            cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
-                           " set_config('hnsw.iterative_scan', 'strict_order', true),"
-                           " set_config('hnsw.max_scan_tuples', %s, true),"
-                           " set_config('enable_sort', 'off', true)",
-                           [str(min(ef_search, 1000)),
-                            str(settings.HNSW_MAX_SCAN_TUPLES)])
-        cursor.execute(sql, list(args))
+    """在 ``conn``（``search_connection()``：有只读副本时是副本）上执行一条向量查询；走 HNSW 时先在同一个事务里
+    set_config(…, is_local) 设好 ef_search 与迭代扫描（不影响连接上的其他查询）。
+
+    两条语句经 psycopg 的管道一次发出：自动提交下，管道里直到 Sync 的语句是一个隐式事务（PostgreSQL 扩展查询协议），
+    本地设置随管道结束时的 Sync 失效。以前 BEGIN、SET、查询、COMMIT 是四次往返，每个检索请求都有；现在一次。
+    精确扫描只有一条语句，直接执行。
+    """
+    with conn.cursor() as cursor:
+        if ef_search is None:
+            cursor.execute(sql, list(args))
+        else:
+            # 管道结束（Sync）时才报出的错误不经过 Django 的游标包装：wrap_database_errors 把它转成 Django 的异常
+            # 并标记连接出过错，请求结束时照常检查连接是否可用
+            with conn.wrap_database_errors, conn.connection.pipeline():
+                # 关掉排序：走到这里的都是调用方按分块数判定为大的知识库，该走 HNSW。规划器的行数估计却会漂：
+                # 5 万分块的知识库在反复上传、删除文档之后，文档半连接把本库的行数估成 156 行，于是选了“逐个文档
+                # 回表 + 排序”（每个查询 228 ms，20 RPS 的负载下检索吞吐跌到一半）。关掉排序后索引给出顺序的计划
+                # 总是胜出（外层重排 200 个候选的那次排序两种计划都有）；过滤太严时迭代扫描凑不满，照旧退回精确扫描
+                cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
+                               " set_config('hnsw.iterative_scan', 'strict_order', true),"
+                               " set_config('hnsw.max_scan_tuples', %s, true),"
+                               " set_config('enable_sort', 'off', true)",
+                               [str(min(ef_search, 1000)), str(settings.HNSW_MAX_SCAN_TUPLES)])
+                cursor.execute(sql, list(args))
         return [(int(chunk_id), float(distance)) for chunk_id, distance in cursor.fetchall()]

@@ -88,34 +88,59 @@ def _scope_sql(kb: KnowledgeBase, filters: SearchFilters) -> tuple[str, list[Any
     return sql, [kb.id, kb.id, Document.Status.COMPLETED, *params]
 
 
-def searchable_chunk_estimate(kb: KnowledgeBase) -> int:
-    """知识库可检索分块数的估计（completed 文档的 chunk_count 之和，含父块）：读文档表，几毫秒内完成。"""
+@dataclass(frozen=True)
+class SearchPlan:
+    """检索开始时在检索连接上读到的知识库状况：可检索分块数的估计（completed 文档的 chunk_count 之和，含父块），
+    以及它自己的 ANN 索引在这个库上的状态（没有为 None）。"""
+
+    estimate: int
+    index: ann.KbIndex | None
+
+    @property
+    def exact(self) -> bool:
+        """小知识库精确扫描（召回 100%）。"""
+        return self.estimate <= settings.EXACT_SEARCH_MAX_CHUNKS
+
+
+def search_plan(kb: KnowledgeBase) -> SearchPlan:
+    """一条查询读出 :class:`SearchPlan`（每个检索请求一次往返：分块数读文档表，索引状态查系统目录，都是几十微秒）。
+
+    两者都在 ``search_connection()`` 上读：向量查询在哪个库上执行，就看哪个库上的索引。
+    """
     with search_connection().cursor() as cursor:
         cursor.execute(
-            "SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s AND status = %s",
-            [kb.id, Document.Status.COMPLETED],
+            "SELECT (SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s"
+            f" AND status = %s), s.valid, s.opcname, s.definition FROM (SELECT 1) one"
+            f" LEFT JOIN LATERAL ({ann.INDEX_STATE_SQL}) s ON true",
+            [kb.id, Document.Status.COMPLETED, ann.kb_index_name(kb.id)],
         )
-        return int(cursor.fetchone()[0])
+        row = cursor.fetchone()
+    return SearchPlan(int(row[0]), ann.kb_index_from_row(kb.id, row[1:]))
 
 
 def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFilters, limit: int,
-                  *, exact: bool | None = None, exclude: str = "") -> tuple[list[PathHit], str]:
+                  *, exact: bool | None = None, exclude: str = "",
+                  plan: SearchPlan | None = None) -> tuple[list[PathHit], str]:
     """按余弦距离升序取前 ``limit`` 个分块，返回 (命中, 所用方法，见 :func:`search.ann.ann_search`)。
 
     小知识库（≤ RAG_EXACT_SEARCH_MAX_CHUNKS）精确扫描，召回 100%；大知识库由 :mod:`search.ann` 选择
-    知识库自己的部分 HNSW 索引或共享索引的迭代扫描，凑不满候选时退回精确扫描。``exact`` 显式指定时覆盖
-    自动选择（基准与测试用）。``exclude`` 是布尔查询里 ``-词`` 的 tsquery：向量路同样排除含这些词的分块。
+    知识库自己的部分 HNSW 索引或共享索引的迭代扫描，凑不满候选时退回精确扫描。``plan`` 是检索服务在请求开始时
+    读好的 :func:`search_plan`（不给时这里读）；``exact`` 显式指定时覆盖自动选择（基准与测试用）。
+    ``exclude`` 是布尔查询里 ``-词`` 的 tsquery：向量路同样排除含这些词的分块。
     """
     if kb.embedding_dimension not in SUPPORTED_DIMENSIONS:
         raise ValueError(f"unsupported embedding dimension {kb.embedding_dimension}")
+    if plan is None and exact is not True:
+        plan = search_plan(kb)
     if exact is None:
-        exact = searchable_chunk_estimate(kb) <= settings.EXACT_SEARCH_MAX_CHUNKS
+        exact = plan is None or plan.exact
     scope, params = _scope_sql(kb, filters)
     if exclude:
         scope += " AND NOT (coalesce(c.search_vector, ''::tsvector) @@ %s::tsquery)"
         params.append(exclude)
     literal = "[" + ",".join(f"{x:.7g}" for x in np.asarray(query_vector, dtype=np.float32).tolist()) + "]"
-    rows, method = ann.ann_search(kb, query=literal, scope=scope, params=params, limit=limit, exact=exact)
+    rows, method = ann.ann_search(kb, query=literal, scope=scope, params=params, limit=limit, exact=exact,
+                                  index=plan.index if plan else None)
     return [PathHit(chunk_id, distance) for chunk_id, distance in rows], method
 
 

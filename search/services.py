@@ -39,10 +39,11 @@ from search.retrieval import (
     ChunkRow,
     PathHit,
     SearchFilters,
+    SearchPlan,
     fulltext_search,
     load_chunks,
     load_parents,
-    searchable_chunk_estimate,
+    search_plan,
     vector_search,
 )
 from search.scoring import (
@@ -197,18 +198,17 @@ def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
 
 
 def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, clock: _Clock) -> None:
-    estimate = searchable_chunk_estimate(kb)
-    if estimate == 0:
+    plan = search_plan(kb)
+    if plan.estimate == 0:
         return  # 没有已完成摄取的文档：空数组，而不是错误（需求 3.7）
     limit = candidate_count(request.top_k)
     depth = path_depth(request.top_k)
-    exact = estimate <= settings.EXACT_SEARCH_MAX_CHUNKS
     parsed = fulltext.parse_query(request.query)
     outcome.query_type = parsed.type
 
     vector_future: Future[_PathResult] | None = None
     if request.mode in ("hybrid", "vector"):
-        vector_future = _executor.submit(_in_worker, _vector_path, kb, request, depth, exact, parsed.exclude)
+        vector_future = _executor.submit(_in_worker, _vector_path, kb, request, depth, plan, parsed.exclude)
     text_result: _PathResult | None = None
     if request.mode in ("hybrid", "fulltext"):
         text_result = _fulltext_path(kb, parsed, request.filters, depth, clock)
@@ -326,14 +326,15 @@ def _in_worker(fn: Callable[..., T], *args: Any) -> T:
         close_old_connections()
 
 
-def _vector_path(kb: KnowledgeBase, request: SearchRequest, limit: int, exact: bool, exclude: str) -> _PathResult:
+def _vector_path(kb: KnowledgeBase, request: SearchRequest, limit: int, plan: SearchPlan,
+                 exclude: str) -> _PathResult:
     result = _PathResult()
     clock = _Clock(result.timings_ms)
     try:
         with clock.stage("embed"):
             vector, result.cached = embed_query(kb.embedding_provider, kb.embedding_model, request.query)
         with clock.stage("vector"):
-            result.hits, result.method = vector_search(kb, vector, request.filters, limit, exact=exact,
+            result.hits, result.method = vector_search(kb, vector, request.filters, limit, plan=plan,
                                                        exclude=exclude)
     except Exception as exc:
         result.failed = True

@@ -12,7 +12,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
 from ops.models import ApiKey
-from search import services
+from search import ann, services
 from search.providers.breaker import CircuitOpenError
 from search.providers.embedding import EmbeddingError
 from search.providers.rerank import RerankUnavailable
-from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchFilters, vector_search
+from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchFilters, SearchPlan, vector_search
 from tests.conftest import assert_error
 from tests.factories import ingest_text
 
@@ -50,9 +50,10 @@ def corpus(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> KnowledgeBase
     return kb
 
 
-@pytest.mark.parametrize(("exact", "in_transaction"), [(True, False), (False, True)])
-def test_only_the_hnsw_query_opens_a_transaction(corpus: KnowledgeBase, exact: bool, in_transaction: bool) -> None:
-    # HNSW 要在事务里 SET LOCAL ef_search；精确扫描只有一条语句，自动提交，省掉 BEGIN/COMMIT 两次往返
+@pytest.mark.parametrize("exact", [True, False])
+def test_vector_query_runs_without_an_explicit_transaction(corpus: KnowledgeBase, exact: bool) -> None:
+    # 精确扫描只有一条语句；HNSW 的本地设置与查询经管道在一个隐式事务里一次发出。两者都不开 Django 的事务
+    # （以前 HNSW 是 BEGIN、SET、查询、COMMIT 四次往返）
     atomic: list[bool] = []
 
     def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -63,7 +64,23 @@ def test_only_the_hnsw_query_opens_a_transaction(corpus: KnowledgeBase, exact: b
     with connection.execute_wrapper(record):
         hits, method = vector_search(corpus, query / np.linalg.norm(query), SearchFilters(), 3, exact=exact)
     assert hits and method.startswith("exact" if exact else "hnsw")
-    assert atomic[-1] is in_transaction
+    assert not any(atomic)
+
+
+def test_hnsw_settings_apply_to_the_query_and_end_with_it(db: None) -> None:
+    """管道里的 set_config(…, is_local) 对同一管道里的查询生效，管道结束（Sync）即失效，不带到连接上的下一条查询；
+    查询出错时抛 Django 的异常，连接照常可用。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_sort')")
+        before = cursor.fetchone()
+    probe = "SELECT current_setting('hnsw.ef_search')::int, (current_setting('enable_sort') = 'off')::int"
+    assert ann._run(connection, probe, [], 321) == [(321, 1.0)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_sort')")
+        assert cursor.fetchone() == before
+    with pytest.raises(DatabaseError):
+        ann._run(connection, "SELECT 1, 1 / %s", [0], 321)
+    assert ann._run(connection, "SELECT 2, 0.5", [], None) == [(2, 0.5)]
 
 
 # ---------------------------------------------------------------- 校验与错误码
@@ -311,7 +328,7 @@ def test_property_3_graceful_degradation(vector_ids: list[int], text_ids: list[i
         return np.ones(384, dtype=np.float32), False
 
     with mock.patch.multiple("search.services", vector_search=vector_search, fulltext_search=fulltext_search,
-                             embed_query=embed, searchable_chunk_estimate=lambda kb: 10,
+                             embed_query=embed, search_plan=lambda kb: SearchPlan(10, None),
                              load_chunks=lambda ids: {i: _row(i) for i in ids}):
         outcome = services.search(kb, services.SearchRequest(query="q", top_k=20, mode=mode, rerank=False,  # type: ignore[arg-type]
                                                              filters=SearchFilters()))
