@@ -165,7 +165,7 @@ def database_from_url(url: str) -> dict[str, Any]:
     if not name:
         raise ImproperlyConfigured("RAG_DATABASE_URL must name a database")
     return {
-        "ENGINE": "django_prometheus.db.backends.postgresql",
+        "ENGINE": "ragservice.postgres_backend",
         "NAME": name,
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),

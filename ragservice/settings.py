@@ -132,6 +132,10 @@ def _connection_options(db: dict[str, object]) -> dict[str, object]:
 
 
 DB_CONN_MAX_AGE = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
+# 上一轮无错用完不到这么久的连接，下一轮开始时跳过健康检查的 SELECT 1（ragservice.postgres_backend）
+DB_HEALTH_CHECK_WINDOW_MS = env_int("RAG_DB_HEALTH_CHECK_WINDOW_MS", 500,
+                                    "上一轮无错用完不到这么多毫秒的数据库连接跳过健康检查（0 为每轮都检查）",
+                                    minimum=0, maximum=60_000)
 
 
 def _database() -> dict[str, object]:

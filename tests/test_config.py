@@ -9,6 +9,7 @@ import subprocess
 import sys
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -230,7 +231,7 @@ def test_database_from_url_tcp():
         "postgresql://alice:p%40ss%3Aw%2Frd@db.example.com:6543/rag%2Ddb?sslmode=require&connect_timeout=5"
     )
     assert db == {
-        "ENGINE": "django_prometheus.db.backends.postgresql",
+        "ENGINE": "ragservice.postgres_backend",
         "NAME": "rag-db",
         "USER": "alice",
         "PASSWORD": "p@ss:w/rd",
@@ -358,3 +359,48 @@ def test_openmp_threads_sleep_when_idle_unless_configured(configured, expected):
     result = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
                             text=True, timeout=120, check=True)
     assert result.stdout.strip().splitlines()[-1] == expected
+
+
+# ---------------------------------------------------------------- 连接健康检查
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_check_is_skipped_only_right_after_a_clean_round(monkeypatch: pytest.MonkeyPatch,
+                                                                 settings: Any) -> None:
+    """刚无错用完的连接下一轮不发 SELECT 1；空闲超过窗口、上一轮出过错、窗口为 0 时照常检查。"""
+    from django.db import close_old_connections, connection
+
+    settings.DB_HEALTH_CHECK_WINDOW_MS = 500
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)  # 测试设置里是 0：每轮都换新连接
+    connection.close()
+    checks: list[int] = []
+    healthy = [True]
+    real_is_usable = connection.is_usable
+    monkeypatch.setattr(connection, "is_usable", lambda: checks.append(1) or (healthy[0] and real_is_usable()))
+
+    def request_round(*, fail: bool = False) -> int:
+        """一轮请求：开始与结束各一次 close_old_connections（与 Django 的请求信号相同），中间用连接；返回健康检查次数。"""
+        before = len(checks)
+        close_old_connections()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        if fail:
+            connection.errors_occurred = True  # 本轮遇到过非数据类的数据库错误
+        close_old_connections()
+        return len(checks) - before
+
+    request_round()
+    assert request_round() == 0  # 上一轮刚刚无错用完
+    close_old_connections()  # 请求开始时的调用不算“用过”
+    connection._proven_at -= 1.0  # 空闲了 1 秒
+    assert request_round() == 1
+    assert request_round(fail=True) == 1  # 出错的那一轮结束时 Django 自己检查一次，通过即是刚刚的证明
+    assert request_round() == 0
+    healthy[0] = False
+    assert request_round(fail=True) == 1  # 检查不通过：连接被关掉，下一轮新建
+    assert connection.connection is None and connection._proven_at is None
+    healthy[0] = True
+    assert request_round() == 0  # 新建的连接不用检查（Django 的原样行为）
+    assert request_round() == 0
+    settings.DB_HEALTH_CHECK_WINDOW_MS = 0
+    assert request_round() == 1

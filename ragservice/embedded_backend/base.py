@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from django.db.backends.postgresql.client import DatabaseClient as PostgresDatabaseClient
-from django_prometheus.db.backends.postgresql.base import DatabaseWrapper as PrometheusDatabaseWrapper
 
 from ragservice.config import database_from_url
+from ragservice.postgres_backend.base import DatabaseWrapper as PostgresDatabaseWrapper
 
 # 设置项里记录数据目录的键（conftest 会改 settings.DATA_DIR，这里必须记住启动时的那个）
 DATA_DIR_KEY = "EMBEDDED_DATA_DIR"
@@ -49,8 +49,8 @@ class DatabaseClient(PostgresDatabaseClient):
         super().runshell(parameters)
 
 
-class DatabaseWrapper(PrometheusDatabaseWrapper):
-    """与 django_prometheus 的 PostgreSQL 后端相同，只是连接参数在第一次连接时才解析。"""
+class DatabaseWrapper(PostgresDatabaseWrapper):
+    """与项目的 PostgreSQL 后端（``ragservice.postgres_backend``）相同，只是连接参数在第一次连接时才解析。"""
 
     client_class = DatabaseClient
 
