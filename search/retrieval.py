@@ -110,7 +110,7 @@ def search_plan(kb: KnowledgeBase) -> SearchPlan:
     with search_connection().cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s"
-            f" AND status = %s), s.valid, s.opcname, s.definition FROM (SELECT 1) one"
+            " AND status = %s), s.valid, s.opcname, s.definition FROM (SELECT 1) one"
             f" LEFT JOIN LATERAL ({ann.INDEX_STATE_SQL}) s ON true",
             [kb.id, Document.Status.COMPLETED, ann.kb_index_name(kb.id)],
         )
