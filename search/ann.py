@@ -235,10 +235,7 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
     if index and index.valid:
         compression = KnowledgeBase.VectorCompression(index.compression)
         method = "kb_index" + ("" if compression == KnowledgeBase.VectorCompression.NONE else f":{compression}")
-        sql, args, candidates = _kb_index_query(kb, compression, index.center, scope, params, query, limit)
-        # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
-        # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
-        rows = _run(conn, sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates))
+        rows = _run(conn, *kb_index_statement(kb, index, scope, params, query, limit))
     else:
         method = "hnsw"
         distance = _COMPRESSION_SQL[KnowledgeBase.VectorCompression.NONE][2].format(dim=dim, q="%s")
@@ -259,23 +256,43 @@ def _exact_sql(dim: int, scope: str) -> str:
             f" SELECT id, distance FROM scoped ORDER BY distance, id LIMIT %s")
 
 
-def _kb_index_query(kb: KnowledgeBase, compression: KnowledgeBase.VectorCompression, center: str, scope: str,
-                    params: Sequence[Any], query: str, limit: int) -> tuple[str, list[Any], int]:
-    """走知识库自己的索引的 SQL、参数，以及向索引要的候选数（ef_search 不能比它小）。"""
+def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Sequence[Any], query: str,
+                       limit: int) -> tuple[str, list[Any], int]:
+    """走知识库自己的索引 ``index`` 取前 ``limit`` 个的 SQL、参数与 ef_search（基准用它对同一条语句 EXPLAIN）。"""
+    compression = KnowledgeBase.VectorCompression(index.compression)
     dim = int(kb.embedding_dimension)
-    distance = _COMPRESSION_SQL[compression][2].format(dim=dim, q="%s", center=center)
+    distance = _COMPRESSION_SQL[compression][2].format(dim=dim, q="%s", center=index.center)
     where = f"{_kb_predicate(kb, 'c.')} AND {scope}"
     if compression == KnowledgeBase.VectorCompression.NONE:
         sql = f"SELECT c.id, {distance} AS distance FROM document_chunks c WHERE {where} ORDER BY distance LIMIT %s"
-        return sql, [query, *params, limit], limit
-    # 压缩距离只用来取候选：多取 oversample 倍，再用堆里的 float32 向量精确重排，返回的距离与精确扫描同一尺度
-    candidates = limit * (settings.ANN_BINARY_OVERSAMPLE if compression == KnowledgeBase.VectorCompression.BINARY
-                          else settings.ANN_OVERSAMPLE)
-    sql = (f"WITH candidates AS MATERIALIZED (SELECT c.id, c.embedding FROM document_chunks c WHERE {where}"
-           f" ORDER BY {distance} LIMIT %s)"
-           f" SELECT id, embedding::vector({dim}) <=> %s::vector({dim}) AS distance FROM candidates"
-           f" ORDER BY distance, id LIMIT %s")
-    return sql, [*params, query, candidates, query, limit], candidates
+        args, candidates = [query, *params, limit], limit
+    else:
+        # 压缩距离只用来取候选：多取 oversample 倍，再用堆里的 float32 向量精确重排，返回的距离与精确扫描同一尺度
+        candidates = limit * (settings.ANN_BINARY_OVERSAMPLE if compression == KnowledgeBase.VectorCompression.BINARY
+                              else settings.ANN_OVERSAMPLE)
+        sql = (f"WITH candidates AS MATERIALIZED (SELECT c.id, c.embedding FROM document_chunks c WHERE {where}"
+               f" ORDER BY {distance} LIMIT %s)"
+               f" SELECT id, embedding::vector({dim}) <=> %s::vector({dim}) AS distance FROM candidates"
+               f" ORDER BY distance, id LIMIT %s")
+        args = [*params, query, candidates, query, limit]
+    # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
+    # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
+    return sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates)
+
+
+def hnsw_settings_statement(ef_search: int) -> tuple[str, list[str]]:
+    """HNSW 查询之前、同一事务里的本地设置（``set_config(…, is_local)``）。
+
+    关掉排序：走到这里的都是调用方按分块数判定为大的知识库，该走 HNSW。规划器的行数估计却会漂：5 万分块的知识库在
+    反复上传、删除文档之后，文档半连接把本库的行数估成 156 行，于是选了“逐个文档回表 + 排序”（每个查询 228 ms，
+    20 RPS 的负载下检索吞吐跌到一半）。关掉排序后索引给出顺序的计划总是胜出（外层重排 200 个候选的那次排序两种计划
+    都有）；过滤太严时迭代扫描凑不满，照旧退回精确扫描。
+    """
+    return ("SELECT set_config('hnsw.ef_search', %s, true),"
+            " set_config('hnsw.iterative_scan', 'strict_order', true),"
+            " set_config('hnsw.max_scan_tuples', %s, true),"
+            " set_config('enable_sort', 'off', true)",
+            [str(min(ef_search, 1000)), str(settings.HNSW_MAX_SCAN_TUPLES)])
 
 
 def _run(conn: BaseDatabaseWrapper, sql: str, args: Sequence[Any], ef_search: int | None,
@@ -294,14 +311,6 @@ def _run(conn: BaseDatabaseWrapper, sql: str, args: Sequence[Any], ef_search: in
             # 管道结束（Sync）时才报出的错误不经过 Django 的游标包装：wrap_database_errors 把它转成 Django 的异常
             # 并标记连接出过错，请求结束时照常检查连接是否可用
             with conn.wrap_database_errors, conn.connection.pipeline():
-                # 关掉排序：走到这里的都是调用方按分块数判定为大的知识库，该走 HNSW。规划器的行数估计却会漂：
-                # 5 万分块的知识库在反复上传、删除文档之后，文档半连接把本库的行数估成 156 行，于是选了“逐个文档
-                # 回表 + 排序”（每个查询 228 ms，20 RPS 的负载下检索吞吐跌到一半）。关掉排序后索引给出顺序的计划
-                # 总是胜出（外层重排 200 个候选的那次排序两种计划都有）；过滤太严时迭代扫描凑不满，照旧退回精确扫描
-                cursor.execute("SELECT set_config('hnsw.ef_search', %s, true),"
-                               " set_config('hnsw.iterative_scan', 'strict_order', true),"
-                               " set_config('hnsw.max_scan_tuples', %s, true),"
-                               " set_config('enable_sort', 'off', true)",
-                               [str(min(ef_search, 1000)), str(settings.HNSW_MAX_SCAN_TUPLES)])
+                cursor.execute(*hnsw_settings_statement(ef_search))
                 cursor.execute(sql, list(args))
         return [(int(chunk_id), float(distance)) for chunk_id, distance in cursor.fetchall()]

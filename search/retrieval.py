@@ -138,10 +138,14 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
     if exclude:
         scope += " AND NOT (coalesce(c.search_vector, ''::tsvector) @@ %s::tsquery)"
         params.append(exclude)
-    literal = "[" + ",".join(f"{x:.7g}" for x in np.asarray(query_vector, dtype=np.float32).tolist()) + "]"
-    rows, method = ann.ann_search(kb, query=literal, scope=scope, params=params, limit=limit, exact=exact,
-                                  index=plan.index if plan else None)
+    rows, method = ann.ann_search(kb, query=vector_literal(query_vector), scope=scope, params=params, limit=limit,
+                                  exact=exact, index=plan.index if plan else None)
     return [PathHit(chunk_id, distance) for chunk_id, distance in rows], method
+
+
+def vector_literal(vector: np.ndarray) -> str:
+    """pgvector 的向量字面量（float32 的 7 位有效数字，往返无损）。"""
+    return "[" + ",".join(f"{x:.7g}" for x in np.asarray(vector, dtype=np.float32).tolist()) + "]"
 
 
 @dataclass(frozen=True)
