@@ -379,7 +379,9 @@ def test_health_check_is_skipped_only_right_after_a_clean_round(monkeypatch: pyt
     monkeypatch.setattr(connection, "is_usable", lambda: checks.append(1) or (healthy[0] and real_is_usable()))
 
     def request_round(*, fail: bool = False) -> int:
-        """一轮请求：开始与结束各一次 close_old_connections（与 Django 的请求信号相同），中间用连接；返回健康检查次数。"""
+        """一轮请求：开始与结束各一次 close_old_connections（与 Django 的请求信号相同），中间用连接。
+
+        返回这一轮里健康检查的次数。"""
         before = len(checks)
         close_old_connections()
         with connection.cursor() as cursor:
