@@ -1,4 +1,5 @@
-"""文档相关的表上没有重复的 b-tree 索引：每个索引都要在每次写入时维护，百万行的分块表上还占几十 MB。"""
+"""索引的形状：文档相关的表上没有重复的 b-tree 索引（每个索引都要在每次写入时维护，百万行的分块表上还占几十 MB）；
+全文统计的主键覆盖打分要读的列。"""
 
 from __future__ import annotations
 
@@ -27,3 +28,16 @@ def test_no_btree_index_is_a_prefix_of_another_on_the_same_table() -> None:
         """, [list(TABLES)])
         duplicates = cursor.fetchall()
     assert duplicates == []
+
+
+def test_term_statistics_primary_key_covers_df() -> None:
+    # 前缀词的 df 是主键上一段范围的 df 之和：主键带上 df，这段求和才是仅索引扫描（见迁移 search.0005）
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            SELECT i.indnkeyatts, array_agg(a.attname ORDER BY k.ord)
+            FROM pg_index i JOIN unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
+            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+            WHERE i.indrelid = 'fulltext_term_stats'::regclass AND i.indisprimary
+            GROUP BY i.indnkeyatts
+        """)
+        assert cursor.fetchall() == [(2, ["knowledge_base_id", "lexeme", "df"])]
