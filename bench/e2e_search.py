@@ -128,10 +128,15 @@ def create_kb(chunks: int) -> KnowledgeBase:
 
 
 def sample_queries(kb: KnowledgeBase, count: int) -> list[str]:
-    """从库里随机 ``QUERY_SOURCE_CHUNKS`` 个可检索分块的文本截取查询片段。"""
-    texts = list(DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
-                 .exclude(role=DocumentChunk.Role.PARENT).order_by("?")
-                 .values_list("chunk_text", flat=True)[:QUERY_SOURCE_CHUNKS])
+    """从库里 ``QUERY_SOURCE_CHUNKS`` 个可检索分块的文本截取查询片段。
+
+    分块按固定种子抽取：同一个库每次得到同一批查询，改前 / 改后的两轮（甚至两次运行）比的是同样的查询。
+    """
+    searchable = (DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
+                  .exclude(role=DocumentChunk.Role.PARENT))
+    ids = sorted(searchable.values_list("id", flat=True))
+    chosen = random.Random(7).sample(ids, min(len(ids), QUERY_SOURCE_CHUNKS))
+    texts = list(searchable.filter(id__in=chosen).order_by("id").values_list("chunk_text", flat=True))
     if not texts:
         sys.exit(f"knowledge base {kb.name} has no searchable chunks")
     return _queries(range(len(texts)), count, texts.__getitem__)
