@@ -185,7 +185,7 @@ def test_kb_indexes_sync_builds_rebuilds_and_drops(settings: Any) -> None:
                 assert ann.kb_indexes_sync() == {"built": [str(kb.id)], "dropped": []}
             hits, method = vector_search(kb, query, filters, 15)
             assert method == ("kb_index" if compression == "none" else f"kb_index:{compression}")
-            # 60 行不超过 15 * 各压缩的 oversample：重排后就是精确结果，距离也与精确扫描相同
+            # 重排用 float32 向量：压缩距离取到的候选里含精确的前 15 个时，结果与距离都与精确扫描相同
             if compression != "none":
                 assert hits == truth
         kb.status = KnowledgeBase.Status.DELETED
