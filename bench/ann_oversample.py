@@ -6,7 +6,7 @@
 复用 ``bench/vector_scale.py --keep`` 留下的 ``scale-*`` 知识库（校准过的合成向量；目标库要已经有自己的索引，
 压缩方式就是它当前的 ``vector_compression``）。每个候选数（单路 top_k*3=15；融合深度 50）以精确扫描为 ground truth，
 对每个过采样倍数交替计时（同一批查询、同一个索引），报告召回与 ``search.retrieval.vector_search`` 的单次数据库耗时。
-ef_search 由服务的规则定：``max(RAG_ANN_EF_SEARCH, 2 * 候选数 * 倍数)``。
+ef_search 由服务的规则定：``max(search.ann.ef_search_floor(分块数), 2 * 候选数 * 倍数)``。
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from bench.scale_data import query_vectors  # noqa: E402
 from bench.vector_scale import _percentile  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from search import ann  # noqa: E402
-from search.retrieval import SearchFilters, vector_search  # noqa: E402
+from search.retrieval import SearchFilters, search_plan, vector_search  # noqa: E402
 
 
 def sweep(kb: KnowledgeBase, queries: np.ndarray, depth: int, oversamples: list[int], rounds: int) -> list[str]:
@@ -52,7 +52,7 @@ def sweep(kb: KnowledgeBase, queries: np.ndarray, depth: int, oversamples: list[
     lines = []
     for factor in oversamples:
         candidates = depth * factor
-        ef = max(ann.settings.ANN_EF_SEARCH, 2 * candidates)
+        ef = max(ann.ef_search_floor(search_plan(kb).estimate), 2 * candidates)
         lines.append(f"| {kb.name} | {kb.vector_compression} | {depth} | {factor}（{candidates} 个，ef_search {ef}） |"
                      f" {np.mean(recalls[factor]):.3f} | {min(recalls[factor]):.2f} |"
                      f" {statistics.median(times[factor]):.1f} / {_percentile(times[factor], 0.95):.1f} |"

@@ -51,10 +51,12 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def database_ms(kb: KnowledgeBase, index: ann.KbIndex, vector: np.ndarray, depth: int) -> float:
+def database_ms(kb: KnowledgeBase, plan: SearchPlan, vector: np.ndarray, depth: int) -> float:
     """同一条语句在数据库里的计划 + 执行时间（EXPLAIN ANALYZE，本地设置与检索时相同，经同样的管道发出）。"""
     scope, params = _scope_sql(kb, SearchFilters())
-    sql, args, ef_search = ann.kb_index_statement(kb, index, scope, params, vector_literal(vector), depth)
+    assert plan.index is not None
+    sql, args, ef_search = ann.kb_index_statement(kb, plan.index, scope, params, vector_literal(vector), depth,
+                                                  plan.estimate)
     with connection.cursor() as cursor, connection.connection.pipeline():
         cursor.execute(*ann.hnsw_settings_statement(ef_search))
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, args)
@@ -81,7 +83,7 @@ def measure_depth(kb: KnowledgeBase, plan: SearchPlan, vectors: list[np.ndarray]
 
     rows = {"进程内 vector_search": [search(v) for v in vectors[warmup:]]}
     if plan.index is not None and plan.index.valid and not plan.exact:
-        rows["数据库内 EXPLAIN ANALYZE"] = [database_ms(kb, plan.index, v, depth) for v in vectors[warmup:]]
+        rows["数据库内 EXPLAIN ANALYZE"] = [database_ms(kb, plan, v, depth) for v in vectors[warmup:]]
     rows["线程池里先向量化再查"] = [pool.submit(embed_then_search, q).result() for q in queries[warmup:]]
     return rows
 

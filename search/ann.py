@@ -9,7 +9,7 @@
 选择顺序（``exact`` 未指定时由调用方按分块数决定，见 ``search.services``）：
 
 1. 小知识库（≤ ``RAG_EXACT_SEARCH_MAX_CHUNKS``）精确扫描，召回 100%；
-2. 知识库有建好的（``indisvalid``）自己的索引：走它（ef_search 取 ``RAG_ANN_EF_SEARCH`` 与候选数两倍的较大者）。
+2. 知识库有建好的（``indisvalid``）自己的索引：走它（ef_search 取 :func:`ef_search_floor` 与候选数两倍的较大者）。
    ``vector_compression`` 为 halfvec / binary 时索引里存压缩向量，按压缩距离多取几倍候选（``RAG_ANN_OVERSAMPLE``、
    ``RAG_ANN_BINARY_OVERSAMPLE``），再用堆里的 float32 向量精确重排；
 3. 否则走共享索引的迭代扫描（``RAG_HNSW_EF_SEARCH``；自己的索引还没建好）。
@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Sequence
@@ -220,13 +221,13 @@ def kb_indexes_sync() -> dict[str, list[str]]:
 
 
 def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[Any], limit: int,
-               exact: bool, index: KbIndex | None) -> tuple[list[tuple[int, float]], str]:
+               exact: bool, index: KbIndex | None, chunks: int) -> tuple[list[tuple[int, float]], str]:
     """在 ``scope``（``search.retrieval`` 的检索范围 SQL 与参数）里按余弦距离取前 ``limit`` 个 (分块 id, 距离)。
 
     ``index`` 是知识库自己的索引在执行查询的那个库上的状态（``search.retrieval.search_plan`` 在检索连接上读出：
     副本回放落后时，主库上已建好的索引在副本上可能还不存在或还无效）。
     返回的方法名："exact"、"kb_index"（知识库自己的索引，压缩时带后缀，如 "kb_index:binary"）、"hnsw"（共享索引），
-    ANN 凑不满候选退回精确扫描时加 "+exact"。``query`` 是向量字面量。
+    ANN 凑不满候选退回精确扫描时加 "+exact"。``query`` 是向量字面量，``chunks`` 是知识库的可检索分块数（定 ef_search）。
     """
     dim = int(kb.embedding_dimension)
     conn = search_connection()
@@ -235,7 +236,7 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
     if index and index.valid:
         compression = KnowledgeBase.VectorCompression(index.compression)
         method = "kb_index" + ("" if compression == KnowledgeBase.VectorCompression.NONE else f":{compression}")
-        rows = _run(conn, *kb_index_statement(kb, index, scope, params, query, limit))
+        rows = _run(conn, *kb_index_statement(kb, index, scope, params, query, limit, chunks))
     else:
         method = "hnsw"
         distance = _COMPRESSION_SQL[KnowledgeBase.VectorCompression.NONE][2].format(dim=dim, q="%s")
@@ -256,8 +257,23 @@ def _exact_sql(dim: int, scope: str) -> str:
             f" SELECT id, distance FROM scoped ORDER BY distance, id LIMIT %s")
 
 
+# pgvector 的 hnsw.ef_search 上限
+_EF_SEARCH_MAX = 1000
+
+
+def ef_search_floor(chunks: int) -> int:
+    """知识库自己的图上 ef_search 的下限：10 万块以内是 ``RAG_ANN_EF_SEARCH``，再往上库每大 10 倍多一倍。
+
+    图越大，同样的 ef_search 越容易困在错误的区域里。校准过的合成向量（``bench/ann_oversample.py``）：10 万块时
+    ef_search 200 的召回@15 / @50 是 1.000 / 0.999；100 万块时同样的 200 只有 0.953 / 0.951，有的查询一个近邻都
+    没找到；400 时 0.989 / 0.992，800 时 0.991 / 0.996 但慢 2.4 倍。
+    """
+    scale = 1.0 + max(0.0, math.log10(max(chunks, 1) / 100_000))
+    return min(round(settings.ANN_EF_SEARCH * scale), _EF_SEARCH_MAX)
+
+
 def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Sequence[Any], query: str,
-                       limit: int) -> tuple[str, list[Any], int]:
+                       limit: int, chunks: int) -> tuple[str, list[Any], int]:
     """走知识库自己的索引 ``index`` 取前 ``limit`` 个的 SQL、参数与 ef_search（基准用它对同一条语句 EXPLAIN）。"""
     compression = KnowledgeBase.VectorCompression(index.compression)
     dim = int(kb.embedding_dimension)
@@ -277,7 +293,7 @@ def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Se
         args = [*params, query, candidates, query, limit]
     # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
     # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
-    return sql, args, max(settings.ANN_EF_SEARCH, 2 * candidates)
+    return sql, args, max(ef_search_floor(chunks), 2 * candidates)
 
 
 def hnsw_settings_statement(ef_search: int) -> tuple[str, list[str]]:
@@ -292,7 +308,7 @@ def hnsw_settings_statement(ef_search: int) -> tuple[str, list[str]]:
             " set_config('hnsw.iterative_scan', 'strict_order', true),"
             " set_config('hnsw.max_scan_tuples', %s, true),"
             " set_config('enable_sort', 'off', true)",
-            [str(min(ef_search, 1000)), str(settings.HNSW_MAX_SCAN_TUPLES)])
+            [str(min(ef_search, _EF_SEARCH_MAX)), str(settings.HNSW_MAX_SCAN_TUPLES)])
 
 
 def _run(conn: BaseDatabaseWrapper, sql: str, args: Sequence[Any], ef_search: int | None,

@@ -130,17 +130,17 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
     """
     if kb.embedding_dimension not in SUPPORTED_DIMENSIONS:
         raise ValueError(f"unsupported embedding dimension {kb.embedding_dimension}")
-    index = None
+    index, chunks = None, 0
     if exact is not True:  # 显式要精确扫描时不必读知识库状况
         plan = plan or search_plan(kb)
         exact = plan.exact if exact is None else exact
-        index = plan.index
+        index, chunks = plan.index, plan.estimate
     scope, params = _scope_sql(kb, filters)
     if exclude:
         scope += " AND NOT (coalesce(c.search_vector, ''::tsvector) @@ %s::tsquery)"
         params.append(exclude)
     rows, method = ann.ann_search(kb, query=vector_literal(query_vector), scope=scope, params=params, limit=limit,
-                                  exact=exact, index=index)
+                                  exact=exact, index=index, chunks=chunks)
     return [PathHit(chunk_id, distance) for chunk_id, distance in rows], method
 
 

@@ -194,3 +194,25 @@ def test_kb_indexes_sync_builds_rebuilds_and_drops(settings: Any) -> None:
         assert ann.kb_index_state(kb.id) is None
     finally:
         ann.kb_index_drop(kb_id=kb.id)
+
+
+def test_ef_search_floor_grows_with_the_knowledge_base(settings: Any) -> None:
+    # 10 万块以内是 RAG_ANN_EF_SEARCH；100 万块的图上 200 会让个别查询一个近邻都找不到，所以每大 10 倍多一倍
+    settings.ANN_EF_SEARCH = 200
+    assert [ann.ef_search_floor(n) for n in (0, 20_000, 100_000, 1_000_000, 10_000_000)] == [200, 200, 200, 400, 600]
+    assert ann.ef_search_floor(10**12) == 1000  # pgvector 的上限
+    settings.ANN_EF_SEARCH = 50
+    assert ann.ef_search_floor(1_000_000) == 100
+
+
+def test_kb_index_statement_takes_the_larger_of_floor_and_twice_the_candidates(settings: Any) -> None:
+    settings.ANN_EF_SEARCH, settings.ANN_OVERSAMPLE = 200, 2
+    kb = KnowledgeBase(id=uuid.uuid4(), name="ef", embedding_dimension=384)
+    index = ann.KbIndex(name=ann.kb_index_name(kb.id), compression="halfvec", valid=True)
+
+    def ef(limit: int, chunks: int) -> int:
+        return ann.kb_index_statement(kb, index, "true", [], "[0]", limit, chunks)[2]
+
+    assert ef(15, 100_000) == 200  # 30 个候选：下限说了算
+    assert ef(15, 1_000_000) == 400
+    assert ef(100, 100_000) == 400  # 200 个候选：两倍候选数说了算
