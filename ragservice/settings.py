@@ -406,10 +406,11 @@ HNSW_MAX_SCAN_TUPLES = env_int("RAG_HNSW_MAX_SCAN_TUPLES", 20000,
 ANN_KB_INDEX_MIN_CHUNKS = env_int(
     "RAG_ANN_KB_INDEX_MIN_CHUNKS", 20000,
     "知识库可检索分块达到此数时为它单独建部分 HNSW 索引（定时任务，CONCURRENTLY）", minimum=1)
-ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 200, "走知识库自己的 HNSW 索引时的 hnsw.ef_search",
+ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 200,
+                        "走知识库自己的 HNSW 索引时 hnsw.ef_search 的下限（10 万块以内；库每大 10 倍多一倍）",
                         minimum=1, maximum=1000)
-# 半精度距离与 float32 几乎同序，召回由 ef_search 决定：100k 分块上 2 倍与 4 倍的召回@50 是 0.999 对 1.000，
-# 向量阶段 p50 少 25%（bench/ann_oversample.py）
+# 半精度距离与 float32 几乎同序，召回由 ef_search 决定（同一 ef_search 下 2 倍与 4 倍召回相同）：100k 分块、融合深度 50
+# 时 2 倍的 ef_search 是 200 而不是 400，召回@50 0.999 对 1.000，向量阶段 p50 少 25%（bench/ann_oversample.py）
 ANN_OVERSAMPLE = env_int("RAG_ANN_OVERSAMPLE", 2,
                          "halfvec 索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
 ANN_BINARY_OVERSAMPLE = env_int("RAG_ANN_BINARY_OVERSAMPLE", 10,
