@@ -19,7 +19,7 @@ _NEW = "fulltext_term_stats_pkey_df"
 
 
 def _swap(include: str) -> list[str]:
-    """建好（可能带 INCLUDE 的）新唯一索引，再让它接替主键。中途失败后重跑：IF NOT EXISTS 与 DROP 都可重入。"""
+    """建好（可能带 INCLUDE 的）新唯一索引，再让它接替主键。中途失败后可以重跑：先删掉上次留下的半成品再建。"""
     return [
         f"DROP INDEX CONCURRENTLY IF EXISTS {_NEW}",  # 上次 CONCURRENTLY 失败会留下无效索引
         f"CREATE UNIQUE INDEX CONCURRENTLY {_NEW} ON {_TABLE} (knowledge_base_id, lexeme){include}",
