@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from agents.tools import INSTRUCTIONS, SERVER_NAME, call_tool, tool_definitions
-from ops.auth import Principal, request_principal
+from infra.principal import Principal, request_principal
 
 _METHOD_NOT_FOUND = -32601
 _INVALID_REQUEST = -32600

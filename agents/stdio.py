@@ -11,7 +11,7 @@ from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
 from agents.tools import INSTRUCTIONS, SERVER_NAME, call_tool, tool_definitions
-from ops.auth import Principal
+from infra.principal import Principal
 
 
 def build_server(principal: Principal) -> Server[Any]:

@@ -1,6 +1,6 @@
 """MCP 工具：定义（名称、中文说明、JSON Schema）与执行，stdio 与 HTTP 两种传输共用。
 
-工具直接调用服务层，鉴权沿用 API key 的作用域（:class:`ops.auth.Principal`）：作用域外的知识库、
+工具直接调用服务层，鉴权沿用 API key 的作用域（:class:`infra.principal.Principal`）：作用域外的知识库、
 只读 key 的写操作都得到与 HTTP API 相同的错误码。工具自身的错误放在结果里（``isError: true``，
 内容是错误契约的 error 对象），让模型看得到并自行纠正，而不是协议层错误。
 """
@@ -20,10 +20,10 @@ from documents import items as item_services
 from documents import selectors as document_selectors
 from documents.api.item_serializers import ItemListQuerySerializer, ItemWriteSerializer, item_input, item_payload
 from documents.api.serializers import DocumentSerializer
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail, error_body, validation_error
+from infra.principal import Principal
 from knowledge.api.serializers import KnowledgeBaseSerializer
 from knowledge.selectors import knowledge_base_list, usable_knowledge_base
-from ops.auth import Principal
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail, error_body, validation_error
 from search import services as search_services
 from search.api.serializers import SearchRequestSerializer
 from search.api.views import result_payload

@@ -24,9 +24,10 @@ from django.test import override_settings  # noqa: E402
 
 from bench.scale_data import query_vectors  # noqa: E402
 from bench.vector_scale import _percentile  # noqa: E402
+from documents.filters import SearchFilters  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from search import ann  # noqa: E402
-from search.retrieval import SearchFilters, search_plan, vector_search  # noqa: E402
+from search.retrieval import search_plan, vector_search  # noqa: E402
 
 
 def sweep(kb: KnowledgeBase, queries: np.ndarray, depth: int, oversamples: list[int], rounds: int) -> list[str]:

@@ -46,18 +46,19 @@ import numpy as np  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench.fulltext_scale import _centers, _text, _vector  # noqa: E402
-from documents.chunking.options import ChunkDraft  # noqa: E402
+from documents.filters import SearchFilters  # noqa: E402
 from documents.ingestion import Run, store_step  # noqa: E402
 from documents.models import Document  # noqa: E402
-from documents.parsing.base import ParsedDocument, Segment  # noqa: E402
 from documents.services import document_upload  # noqa: E402
+from infra.embedders import default_embedder  # noqa: E402
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from ops.auth import SYSTEM_PRINCIPAL  # noqa: E402
+from raglib.chunking.options import ChunkDraft  # noqa: E402
+from raglib.parsing.base import ParsedDocument, Segment  # noqa: E402
 from search import services  # noqa: E402
-from search.embedders import default_embedder  # noqa: E402
 from search.query_embeddings import clear_query_embeddings  # noqa: E402
-from search.retrieval import SearchFilters, vector_search  # noqa: E402
+from search.retrieval import vector_search  # noqa: E402
 
 CMRC = ROOT.parent / "shared" / "data" / "cmrc2018"
 CACHE = ROOT / "var" / "bench" / "chroma_compare"

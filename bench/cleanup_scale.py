@@ -5,7 +5,7 @@
 
 把源库复制两份（各自按分块重算统计），一份按改动前的做法逐批删分块（统计行在，触发器逐行删倒排、更新 df），
 一份按现在的清理顺序：``statistics_drop`` 之后逐批删分块；批大小取 ``RAG_CLEANUP_BATCH_SIZE``，都用
-``knowledge.cleanup.delete_batch``（与清理任务同一个函数）。最后核对两份都没有留下统计与倒排。
+``ops.cleanup.delete_batch``（与清理任务同一个函数）。最后核对两份都没有留下统计与倒排。
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from bench.fulltext_scale import _copy_rows, _kb, _without_triggers  # noqa: E402
-from knowledge.cleanup import delete_batch  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
+from ops.cleanup import delete_batch  # noqa: E402
 from search import bm25  # noqa: E402
 
 

@@ -9,12 +9,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from search.evaluation.metrics import percentile
+from raglib.evaluation.metrics import percentile
 
 # 模型时间的阶段：服务开销 = 端到端 - 这些阶段之和（issue #11 第 5 项的定义，目标 p95 ≤ 15 ms）
 MODEL_STAGES = ("embed", "rerank")
 # 采样栈里出现这些路径的帧即算模型时间（embedding 与重排序的提供方都在这里，模型库的帧在它们之下）
-MODEL_PATHS = ("search/providers/",)
+MODEL_PATHS = ("raglib/providers/",)
 # 处理请求的栈：gthread 的请求线程，以及检索向量路的线程池（search.services._in_worker）。
 # 其余样本是等连接、等任务的空闲线程与 gunicorn 的主循环，不进排行
 REQUEST_FRAMES = ("ThreadWorker.handle (gunicorn/workers/gthread.py)", "_in_worker (search/services.py)")

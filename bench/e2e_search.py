@@ -16,7 +16,7 @@ p50/p95/p99、``Server-Timing`` 头里的分阶段耗时，以及服务开销（
 - 查询：从库里随机分块的文本截取片段（``bench/fulltext_scale.py`` 的 ``_queries``），全文路因此有命中。
   每种方式先用 ``--warmup`` 个不计时的查询预热，再计时 ``--queries`` 个；客户端并发固定为 ``--concurrency``。
 - ``--profile``：计时阶段对每个 gunicorn worker 运行 ``py-spy record --rate 200 --nonblocking --format raw``，
-  打印自身时间与累计时间最多的帧；模型里的样本（``search/providers/`` 之下）单独计数、不进排行。
+  打印自身时间与累计时间最多的帧；模型里的样本（``raglib/providers/`` 之下）单独计数、不进排行。
   剖析会拖慢被采样的进程，带 ``--profile`` 的那一轮延迟只作参考，正式数字用不带它的一轮。
 """
 
@@ -54,9 +54,9 @@ from bench.fulltext_scale import _queries  # noqa: E402
 from bench.scale_data import chunk_text, real_sentences  # noqa: E402
 from documents.models import Document, DocumentChunk  # noqa: E402
 from documents.services import document_upload  # noqa: E402
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from ops.auth import SYSTEM_PRINCIPAL  # noqa: E402
 from ops.management.commands.serve import child_env, stop_groups, web_command  # noqa: E402
 from ops.models import ApiKey  # noqa: E402
 

@@ -50,12 +50,13 @@ import numpy as np  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import OperationalError, connection, transaction  # noqa: E402
 
+from documents.filters import SearchFilters  # noqa: E402
 from documents.models import Document  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
+from raglib.analysis import document_terms, parse_query  # noqa: E402
 from search import bm25, services  # noqa: E402
 from search.ann import kb_index_build  # noqa: E402
-from search.fulltext import document_terms, parse_query  # noqa: E402
-from search.retrieval import SearchFilters, fulltext_search  # noqa: E402
+from search.retrieval import fulltext_search  # noqa: E402
 
 DIM = 384
 CHUNKS_PER_DOCUMENT = 500
@@ -103,7 +104,8 @@ def _text(seed: int) -> str:
 
 def _row(seed: int) -> tuple[str, str, int]:
     text = _text(seed)
-    vector, length = document_terms(text, (f"doc-{seed // CHUNKS_PER_DOCUMENT}.txt",))
+    title = f"doc-{seed // CHUNKS_PER_DOCUMENT}.txt"
+    vector, length = document_terms(text, (title,), analyzer=settings.FULLTEXT_ANALYZER)
     return text, vector, length
 
 
@@ -332,7 +334,7 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
         settings.FULLTEXT_RANKING = ranking
         timed = queries if ranking == "bm25" or slow_queries is None else queries[:slow_queries]
         for query in queries[:20 if timed is queries else 3]:
-            fulltext_search(kb, parse_query(query), SearchFilters(), 15)
+            fulltext_search(kb, parse_query(query, analyzer=settings.FULLTEXT_ANALYZER), SearchFilters(), 15)
         times, timeouts = [], 0
         with connection.cursor() as cursor:
             cursor.execute(f"SET statement_timeout = {_SLOW_TIMEOUT_MS}")
@@ -340,7 +342,7 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
             started = time.perf_counter()
             try:
                 with transaction.atomic():
-                    fulltext_search(kb, parse_query(query), SearchFilters(), 50)
+                    fulltext_search(kb, parse_query(query, analyzer=settings.FULLTEXT_ANALYZER), SearchFilters(), 50)
             except OperationalError:  # 超时按上限计（QueryCanceled）
                 timeouts += 1
             times.append((time.perf_counter() - started) * 1000)

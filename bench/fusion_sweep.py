@@ -26,15 +26,18 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
+
+from documents.filters import SearchFilters  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
-from search.evaluation.dataset import load_dataset  # noqa: E402
+from raglib.analysis import parse_query  # noqa: E402
+from raglib.evaluation.dataset import load_dataset  # noqa: E402
+from raglib.evaluation.metrics import answer_hit_at_k, dedupe, ndcg_at_k, recall_at_k  # noqa: E402
+from raglib.fusion import lexical_gate, rrf_fuse  # noqa: E402
+from raglib.scoring import match_ratio  # noqa: E402
 from search.evaluation.embedding_cache import embedding_cache  # noqa: E402
-from search.evaluation.metrics import answer_hit_at_k, dedupe, ndcg_at_k, recall_at_k  # noqa: E402
-from search.fulltext import parse_query  # noqa: E402
-from search.fusion import lexical_gate, rrf_fuse  # noqa: E402
 from search.query_embeddings import embed_query  # noqa: E402
-from search.retrieval import SearchFilters, fulltext_search, load_chunks, vector_search  # noqa: E402
-from search.scoring import match_ratio  # noqa: E402
+from search.retrieval import fulltext_search, load_chunks, vector_search  # noqa: E402
 
 DEPTH = 100
 
@@ -53,7 +56,8 @@ def main() -> None:
         for query in dataset.queries:
             vector, _ = embed_query(kb.embedding_provider, kb.embedding_model, query.text)
             v_hits, _ = vector_search(kb, vector, SearchFilters(), DEPTH)
-            found = fulltext_search(kb, parse_query(query.text), SearchFilters(), DEPTH)
+            parsed = parse_query(query.text, analyzer=settings.FULLTEXT_ANALYZER)
+            found = fulltext_search(kb, parsed, SearchFilters(), DEPTH)
             top = match_ratio(found.hits[0].value, found.scale) if found.hits else 0.0
             runs.append((query, [h.chunk_id for h in v_hits], [h.chunk_id for h in found.hits], found.coverage, top))
     ids = {c for _, v, t, _, _ in runs for c in (*v, *t)}

@@ -35,7 +35,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 
 from documents import sandbox  # noqa: E402
-from documents.parsing import ParseError  # noqa: E402
+from raglib.parsing import ParseError  # noqa: E402
 from documents.sandbox import parse_isolated, parse_limits  # noqa: E402
 from tests import hostile_samples  # noqa: E402
 from tests.test_parsing import make_pdf  # noqa: E402
@@ -109,7 +109,7 @@ def run_parse_cases() -> None:
 
 _CHUNK_SCRIPT = """
 import json, sys, time
-from documents.chunking import chunk_text, ChunkingOptions, Tokenizer
+from raglib.chunking import chunk_text, ChunkingOptions, Tokenizer
 from documents.sandbox import peak_rss
 kind, size, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 unit = ("the quick brown fox jumps over the lazy dog and keeps running " if kind == "en"

@@ -29,8 +29,8 @@ django.setup()
 
 from documents.models import Document  # noqa: E402
 from documents.services import document_upload  # noqa: E402
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from ops.auth import SYSTEM_PRINCIPAL  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "cmrc2018" / "documents.jsonl"
 STAGES = ("parse", "chunk", "embed", "store")

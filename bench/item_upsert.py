@@ -30,8 +30,8 @@ django.setup()
 
 from django.test import Client  # noqa: E402
 
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from ops.auth import SYSTEM_PRINCIPAL  # noqa: E402
 
 
 def paragraphs(count: int, seed: int) -> list[str]:

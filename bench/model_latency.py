@@ -149,7 +149,7 @@ def peak_rss_mb() -> float:
 
 def timed(call: Callable[[str], Any], repeat: int) -> Stats:
     """``call(query)`` 计时 ``repeat`` 次，查询轮流取 :data:`QUERIES`。"""
-    from search.evaluation.metrics import percentile
+    from raglib.evaluation.metrics import percentile
 
     values = []
     for index in range(repeat):
@@ -252,7 +252,7 @@ def configure(args: argparse.Namespace, embedding_dir: Path, reranker_dir: Path)
 
 
 def bench_embedding(args: argparse.Namespace, tokenizer: Any, encoder_params: int, report: dict[str, Any]) -> None:
-    from search.embedders import default_embedder
+    from infra.embedders import default_embedder
 
     started = time.perf_counter()
     embedder = default_embedder()
@@ -275,7 +275,7 @@ def bench_embedding(args: argparse.Namespace, tokenizer: Any, encoder_params: in
 
 
 def bench_rerank(args: argparse.Namespace, tokenizer: Any, encoder_params: int, report: dict[str, Any]) -> None:
-    from search.providers.rerank import clear_rerankers, get_reranker
+    from raglib.providers.rerank import clear_rerankers, get_reranker
     from search.rerankers import rerank_config
 
     base = rerank_config()

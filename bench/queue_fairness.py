@@ -36,7 +36,7 @@ from documents.models import Document  # noqa: E402
 from documents.services import document_upload  # noqa: E402
 from knowledge.models import CleanupTask  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from ops.auth import SYSTEM_PRINCIPAL  # noqa: E402
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from ops.management.commands.serve import stop_groups  # noqa: E402
 from tests.factories import add_documents  # noqa: E402
 

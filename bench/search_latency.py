@@ -37,9 +37,9 @@ from django.test import Client  # noqa: E402
 
 from bench.e2e_report import parse_server_timing  # noqa: E402
 from documents.services import document_upload  # noqa: E402
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from ops.auth import SYSTEM_PRINCIPAL  # noqa: E402
 from search.query_embeddings import clear_query_embeddings  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "cmrc2018"

@@ -40,9 +40,10 @@ from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from bench.scale_data import ScaleData, drop_scale_data, load_scale_data, query_vectors, relation_sizes  # noqa: E402
+from documents.filters import SearchFilters  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from search import ann  # noqa: E402
-from search.retrieval import PathHit, SearchFilters, vector_search  # noqa: E402
+from search.retrieval import PathHit, vector_search  # noqa: E402
 
 LIMITS = (15, 100)
 Search = Callable[[np.ndarray, int], tuple[list[PathHit], str]]

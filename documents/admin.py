@@ -11,9 +11,9 @@ from django.utils.html import format_html
 
 from documents import services
 from documents.models import Document, DocumentChunk, KnowledgeDomain
-from ops.auth import SYSTEM_PRINCIPAL
-from ops.dashboard import stage_progress
-from ragservice.admin_actions import apply_service
+from documents.stages import stage_progress
+from infra.admin_actions import apply_service
+from infra.principal import SYSTEM_PRINCIPAL
 
 
 class _ReadOnlyAdmin(admin.ModelAdmin):

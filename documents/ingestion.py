@@ -31,22 +31,22 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from documents.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
 from documents.models import Document, DocumentChunk
-from documents.options import chunking_options
-from documents.parsing import ParsedDocument, ParseError, get_ocr_engine
-from documents.parsing.base import Segment
 from documents.sandbox import parse_isolated, parse_limits
 from documents.vector_stash import vectors_discard, vectors_stash, vectors_unstash
+from infra import metrics
+from infra.embedders import embedder
+from infra.errors import is_database_unavailable
+from infra.locks import Lease, any_advisory_lock, row_lease
+from infra.retry import backoff_seconds, database_ready, schedule_task
 from knowledge.models import KnowledgeBase
-from ops import metrics
-from ops.locks import Lease, any_advisory_lock, row_lease
-from ops.retry import backoff_seconds, database_ready, schedule_task
-from ragservice.errors import is_database_unavailable
-from search.embedders import embedder
-from search.fulltext import chunk_titles, document_terms
-from search.providers.breaker import CircuitOpenError
-from search.providers.embedding import EmbeddingError, EmbeddingProvider
+from knowledge.options import chunking_options
+from raglib.analysis import chunk_titles, document_terms
+from raglib.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
+from raglib.parsing import ParsedDocument, ParseError, get_ocr_engine
+from raglib.parsing.base import Segment
+from raglib.providers.breaker import CircuitOpenError
+from raglib.providers.embedding import EmbeddingError, EmbeddingProvider
 
 logger = structlog.get_logger(__name__)
 
@@ -322,7 +322,7 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         }
         parent_id = ids[draft.parent] if draft.parent is not None else None
         titles = chunk_titles(run.document.filename, run.document.metadata.get("title"), draft.heading_path)
-        search_vector, search_length = document_terms(draft.text, titles)
+        search_vector, search_length = document_terms(draft.text, titles, analyzer=settings.FULLTEXT_ANALYZER)
         yield (
             ids[index], run.kb.id, run.document.id, index, draft.text, json.dumps(metadata, ensure_ascii=False),
             _vector_literal(vector), dim if vector is not None else None, draft.role, parent_id,

@@ -27,7 +27,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from documents.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
 from documents.ingestion import (
     INGEST_TASK_FUNC,
     Run,
@@ -39,15 +38,17 @@ from documents.ingestion import (
     reusable_vectors,
 )
 from documents.models import Document
-from documents.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
+from documents.selectors import item_not_found
+from infra import metrics
+from infra.context import current_request_id, enqueue
+from infra.embedders import embedder
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 from knowledge.models import KnowledgeBase
+from knowledge.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
 from knowledge.selectors import knowledge_base_unavailable
-from ops import metrics
-from ops.context import current_request_id, enqueue
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
-from search.embedders import embedder
-from search.providers.breaker import CircuitOpenError
-from search.providers.embedding import EmbeddingError
+from raglib.chunking import ChunkDraft, ChunkingOptions, Tokenizer, chunk_text
+from raglib.providers.breaker import CircuitOpenError
+from raglib.providers.embedding import EmbeddingError
 
 logger = structlog.get_logger(__name__)
 
@@ -325,8 +326,3 @@ def items_delete(*, kb: KnowledgeBase, document_ids: Sequence[uuid.UUID]) -> int
         count = deleted.count()
         deleted.delete()
     return count
-
-
-def item_not_found(external_id: str) -> ApplicationError:
-    return ApplicationError(ErrorCode.ITEM_NOT_FOUND, f"Knowledge item '{external_id}' not found", 404,
-                            [ErrorDetail("external_id", "NOT_FOUND", "Resource does not exist")])

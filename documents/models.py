@@ -18,10 +18,8 @@ from django.db.models import Q
 from django.db.models.functions import Cast
 from pgvector.django import HnswIndex, VectorField
 
-from knowledge.models import KnowledgeBase
+from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
 
-# 有 HNSW 索引的向量维度；新增维度需要一个新的迁移
-SUPPORTED_DIMENSIONS = (384, 768, 1024)
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 
@@ -74,7 +72,7 @@ class Document(models.Model):
     stage = models.CharField("当前阶段", max_length=16, blank=True, default="")
     attempts = models.PositiveSmallIntegerField("本轮尝试次数", default=0)
     next_retry_at = models.DateTimeField("下次自动重试", null=True, blank=True)
-    # 执行者的租约（见 ops.locks.row_lease）：数据库重启会释放 advisory lock，租约却留在行里，
+    # 执行者的租约（见 infra.locks.row_lease）：数据库重启会释放 advisory lock，租约却留在行里，
     # 提交时核对令牌，同一文档因此不会被两个 worker 同时处理、先后提交
     # db_default：滚动升级时还没换代码的进程插入文档不带这些列，数据库自己补上
     lease_owner = models.CharField("租约持有者", max_length=64, blank=True, db_default="")
@@ -147,7 +145,7 @@ class DocumentChunk(models.Model):
     token_count = models.PositiveIntegerField("token 数", default=0)
     # 文本的 SHA-256：重新索引时文本未变的分块直接复用旧向量
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
-    # 由 search.fulltext.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关
+    # 由 raglib.analysis.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关
     search_vector = SearchVectorField("全文索引", null=True, blank=True)
     # search_vector 里的词数（标题 + 正文）：BM25 的文档长度；知识库级统计由数据库触发器维护（见 search.bm25）
     search_length = models.PositiveIntegerField("全文词数", db_default=0)

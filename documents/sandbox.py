@@ -31,9 +31,9 @@ from typing import Any
 import structlog
 from django.conf import settings
 
-from documents.parsing import ParsedDocument, ParseError, Segment
-from documents.parsing.limits import ParseLimits
-from documents.parsing.ocr import OcrEngine
+from raglib.parsing import ParsedDocument, ParseError, Segment, parse_document
+from raglib.parsing.limits import ParseLimits
+from raglib.parsing.ocr import OcrEngine
 
 logger = structlog.get_logger(__name__)
 
@@ -290,8 +290,6 @@ def _child_main(read_fd: int, write_fd: int, memory_limit: int, cpu_limit: int) 
 
 
 def _child_parse(request: dict[str, Any], engine: _RemoteOcr | None) -> dict[str, Any]:
-    from documents.parsing import parse_document
-
     try:
         parsed = parse_document(Path(request["path"]), filename=request["filename"], ocr=engine,
                                 limits=ParseLimits.from_dict(request["limits"]))

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 from django.db import connection
 
+from documents.filters import SearchFilters
 from documents.models import Document
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail, not_found
+from infra.principal import Principal, authorize_knowledge_base
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_fetch, parse_uuid
-from ops.auth import Principal, authorize_knowledge_base
-from ragservice.errors import ApplicationError, ErrorCode, not_found
-from search.retrieval import SearchFilters
 
 
 def document_not_found(document_id: object) -> ApplicationError:
@@ -54,8 +54,6 @@ def document_list(
 
 def item_get(*, kb: KnowledgeBase, external_id: str) -> Document:
     """按外部 id 取条目；不存在抛 404 ITEM_NOT_FOUND。"""
-    from documents.items import item_not_found
-
     # 经 DELETE /documents/{id} 删除的条目留有墓碑：对条目接口而言就是不存在
     document = Document.objects.filter(knowledge_base=kb, external_id=external_id).exclude(
         status=Document.Status.DELETED).first()
@@ -80,3 +78,8 @@ def item_list(*, kb: KnowledgeBase, filters: SearchFilters, page: int,
     rows = Document.objects.raw(f"SELECT c.* {scope} ORDER BY c.updated_at DESC, c.id LIMIT %s OFFSET %s",
                                 [kb.id, *params, page_size, offset])
     return list(rows), total
+
+
+def item_not_found(external_id: str) -> ApplicationError:
+    return ApplicationError(ErrorCode.ITEM_NOT_FOUND, f"Knowledge item '{external_id}' not found", 404,
+                            [ErrorDetail("external_id", "NOT_FOUND", "Resource does not exist")])

@@ -15,15 +15,15 @@ from django.db import transaction
 
 from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
 from documents.models import Document
-from documents.options import chunking_options, options_dict
-from documents.parsing import UnsupportedFormatError, detect_format
 from documents.selectors import document_fetch
 from documents.uploads import upload_filename
+from infra.context import current_request_id, enqueue
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail
+from infra.principal import Principal, authorize_knowledge_base
 from knowledge.models import KnowledgeBase
+from knowledge.options import chunking_options, options_dict
 from knowledge.selectors import knowledge_base_unavailable, usable_knowledge_base
-from ops.auth import Principal, authorize_knowledge_base
-from ops.context import current_request_id, enqueue
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+from raglib.parsing import UnsupportedFormatError, detect_format
 
 logger = structlog.get_logger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 from documents.ingestion import ingest_document
-from ops.context import task_context
-from ops.retry import database_ready
+from infra.context import task_context
+from infra.retry import database_ready
 
 
 def run_ingestion(document_id: str, attempt: int = 1, request_id: str | None = None) -> None:

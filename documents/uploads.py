@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.files.uploadhandler import TemporaryFileUploadHandler
 
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 
 
 def payload_too_large(limit: int) -> ApplicationError:

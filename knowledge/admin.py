@@ -8,11 +8,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 
+from infra.admin_actions import apply_service
+from infra.errors import ApplicationError
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge import services
 from knowledge.models import CleanupTask, KnowledgeBase
-from ops.auth import SYSTEM_PRINCIPAL
-from ragservice.admin_actions import apply_service
-from ragservice.errors import ApplicationError
 
 
 @admin.register(KnowledgeBase)

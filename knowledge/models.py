@@ -8,6 +8,9 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
+# 知识库可选的向量维度：分块表（documents.DocumentChunk）为每个维度各有一列与 HNSW 索引，新增维度需要一个新的迁移
+SUPPORTED_DIMENSIONS = (384, 768, 1024)
+
 
 class KnowledgeBase(models.Model):
     """知识库：数据隔离的单位。

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail, not_found
+from infra.principal import Principal, authorize_knowledge_base
 from knowledge.models import CleanupTask, KnowledgeBase
-from ops.auth import Principal, authorize_knowledge_base
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail, not_found
 
 # 不指定 status 过滤时列出的状态；已删除的知识库需显式 status=deleted 才列出（审计用）
 DEFAULT_LIST_STATUSES = (KnowledgeBase.Status.ENABLED, KnowledgeBase.Status.DISABLED)

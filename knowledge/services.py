@@ -10,16 +10,25 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from knowledge.cleanup import CLEANUP_TASK_FUNC, cleanup_q_options
-from knowledge.models import CleanupTask, KnowledgeBase
+from infra.context import current_request_id, enqueue
+from infra.embedders import ModelUnavailableError, default_model, embedding_dimension
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail
+from infra.principal import Principal, authorize_global_write, authorize_knowledge_base
+from knowledge.models import SUPPORTED_DIMENSIONS, CleanupTask, KnowledgeBase
+from knowledge.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
 from knowledge.selectors import cleanup_task_not_found, knowledge_base_fetch, parse_uuid
-from ops.auth import Principal, authorize_global_write, authorize_knowledge_base
-from ops.context import current_request_id, enqueue
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail
 
 logger = structlog.get_logger(__name__)
 
 _NAME_CONSTRAINT = "knowledge_bases_name_uniq_active"
+
+# 清理由任务层执行（``ops.cleanup``，它要删各应用的行）；这里按名字入队，不导入上层
+CLEANUP_TASK_FUNC = "ops.tasks.run_cleanup"
+
+
+def cleanup_q_options() -> dict[str, Any]:
+    """清理任务入队的 django-q2 选项：走快队列，按维护任务的上限计时（入队、自动重试、回收器重新入队共用）。"""
+    return {"cluster": settings.FAST_QUEUE, "timeout": settings.MAINTENANCE_TIMEOUT}
 
 
 def _name_conflict(name: str) -> ApplicationError:
@@ -66,9 +75,6 @@ def _model_unavailable() -> ApplicationError:
 
 def _resolve_embedding(provider: str | None, model: str | None) -> tuple[str, str, int]:
     """确定知识库的 embedding 模型与维度；模型不可用或维度没有对应索引时是调用方的输入错误。"""
-    from documents.models import SUPPORTED_DIMENSIONS
-    from search.embedders import ModelUnavailableError, default_model, embedding_dimension
-
     provider = provider or settings.EMBEDDING_PROVIDER
     model = model or default_model(provider)
     try:
@@ -100,8 +106,6 @@ def knowledge_base_create(
     vector_compression: str = KnowledgeBase.VectorCompression.HALFVEC,
 ) -> KnowledgeBase:
     """创建知识库，默认 enabled；embedding 模型与维度在此确定且此后不变。"""
-    from documents.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
-
     authorize_global_write(principal)
     embedding = embedding or {}
     provider, model, dimension = _resolve_embedding(embedding.get("provider"), embedding.get("model"))

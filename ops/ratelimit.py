@@ -19,7 +19,7 @@ from django.db import connection
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from ops.auth import Principal
+from infra.principal import Principal
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def auth_failure_allowed(request: Any) -> Decision:
 
 
 class ApiKeyRateThrottle(BaseThrottle):
-    """DRF 限流类：每个 API key 一个令牌桶；超限 → 429 RATE_LIMITED + Retry-After（见 ragservice.errors）。
+    """DRF 限流类：每个 API key 一个令牌桶；超限 → 429 RATE_LIMITED + Retry-After（见 infra.errors）。
 
     认证关闭（开发模式）或公开端点（/health 等，没有 API key）不限流。
     """

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from infra.embedders import default_embedder
+from ops.warmup import worker_warm_states
+from raglib.providers.embedding import loaded_embedding_models
+from raglib.providers.rerank import loaded_rerank_models
+from search.rerankers import rerank_config
 
 logger = structlog.get_logger(__name__)
 
@@ -27,6 +35,20 @@ def inventory_counts() -> InventoryCounts:
         )
         active, chunks = cursor.fetchone()
     return InventoryCounts(knowledge_bases_active=int(active), chunks_total=int(chunks))
+
+
+class DatabaseGaugeCollector(Collector):
+    """抓取时从数据库读出的 Gauge。"""
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        counts = inventory_counts()
+        yield GaugeMetricFamily("knowledge_bases_active", "状态为 enabled 的知识库数量",
+                                value=counts.knowledge_bases_active)
+        yield GaugeMetricFamily("chunks_total", "向量库中的 chunk 总数", value=counts.chunks_total)
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        # 返回空描述：注册时不触发数据库查询
+        return []
 
 
 @dataclass(frozen=True)
@@ -71,8 +93,6 @@ def check_worker() -> CheckResult:
     from django_q.conf import Conf
     from django_q.status import Stat
 
-    from ops.warmup import worker_warm_states
-
     if Conf.SYNC:
         return CheckResult("worker", True, "tasks run synchronously (RAG_QUEUE_SYNC=true)")
     clusters = [s for s in Stat.get_all() if s.status not in ("Stopped", "Stopping")]
@@ -98,11 +118,6 @@ def check_models() -> CheckResult:
     重排序模型只报告、不在探针里加载：gunicorn worker 启动时已预热（``post_worker_init``），没加载上时检索
     仍可用（按融合顺序返回），不该因此把整个服务标成未就绪；但 detail 要让人看出第一个检索会不会替大家等加载。
     """
-    from search.embedders import default_embedder
-    from search.providers.embedding import loaded_embedding_models
-    from search.providers.rerank import loaded_rerank_models
-    from search.rerankers import rerank_config
-
     default_embedder()
     loaded = ", ".join(f"{m['provider']}:{m['model']} ({m['dimension']}-d)" for m in loaded_embedding_models())
     config = rerank_config()

@@ -1,4 +1,7 @@
-"""周期任务：回收孤儿任务。
+"""后台任务入口（django-q2 按名字调用，只接收 id，可重复执行）与周期任务。
+
+- 知识库清理 ``run_cleanup``（执行过程见 ``ops.cleanup``）与知识库 HNSW 索引同步 ``sync_vector_indexes``；
+- 回收孤儿任务：
 
 worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“状态是 pending/running、却没有人在做”
 的任务行。这里每分钟扫描一次（在快队列上执行，不排在长摄取后面）：
@@ -12,23 +15,67 @@ worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“�
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
+from typing import Any
 
 import structlog
+from django.apps import apps as global_apps
+from django.apps.registry import Apps
 from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
 from documents.models import Document
-from knowledge.cleanup import CLEANUP_TASK_FUNC, cleanup_q_options, lock_key
+from infra import metrics
+from infra.context import task_context
+from infra.locks import is_locked
+from infra.retry import database_ready
 from knowledge.models import CleanupTask
-from ops import metrics
-from ops.context import task_context
-from ops.locks import is_locked
+from knowledge.services import CLEANUP_TASK_FUNC, cleanup_q_options
+from ops.cleanup import cleanup_run, lock_key
+from search.ann import kb_indexes_sync
 
 logger = structlog.get_logger(__name__)
 
 REAPER_SCHEDULE_NAME = "ops.reap_stale_tasks"
+
+# 索引同步的定时调度（迁移 knowledge.0005 建立，每 5 分钟一次）
+VECTOR_INDEX_SCHEDULE = "knowledge.sync_vector_indexes"
+VECTOR_INDEX_TASK_FUNC = "ops.tasks.sync_vector_indexes"
+
+
+def run_cleanup(task_id: str, attempt: int = 1, request_id: str | None = None) -> None:
+    """清理一个已删除知识库的文档、分块与向量。"""
+    with task_context("cleanup", request_id, cleanup_task_id=task_id, attempt=attempt):
+        # 数据库重启过的话，worker 手里的连接已经死了：先换一条能用的
+        database_ready()
+        cleanup_run(task_id=uuid.UUID(task_id), attempt=attempt)
+
+
+def sync_vector_indexes() -> None:
+    """按分块数为大知识库建或删自己的 HNSW 索引（``search.ann``）；定时执行，幂等。"""
+    with task_context("ann_index_sync", None):
+        kb_indexes_sync()
+
+
+def vector_index_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: Any) -> None:
+    """让索引同步的调度按 ``RAG_MAINTENANCE_TIMEOUT`` 计时（post_migrate 信号，见 ``ops.apps``）。
+
+    百万分块的库建一次图要 40 分钟以上，按集群默认的 ``RAG_TASK_TIMEOUT`` 计时会在建完之前被杀、下一轮重来。
+    调度行由迁移建立，迁移只跑一次，而超时是部署时的环境变量：所以每次 migrate（``serve`` 每次启动都跑）
+    把当前值写进调度的 ``q_options``，django-q2 调度器入队时取出作为这个任务的 timeout。只更新、不新建：
+    调度被人删掉就是不要它。``flush`` 也发这个信号，但不带 ``apps``：那时用当前的模型。
+    同时写入任务函数的当前路径：这个任务原在 ``knowledge.tasks``，迁到任务层 ``ops.tasks`` 之后，
+    旧部署里的调度行由这里改名，不必为一个字符串再加迁移。
+    """
+    try:
+        schedule = apps.get_model("django_q", "Schedule")
+    except LookupError:
+        return  # django_q 的表还没建（或已退回零）
+    schedule.objects.using(using).filter(name=VECTOR_INDEX_SCHEDULE).update(
+        func=VECTOR_INDEX_TASK_FUNC, kwargs=repr({"q_options": {"timeout": settings.MAINTENANCE_TIMEOUT}}))
 
 
 def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:
@@ -68,8 +115,6 @@ def reap_stale_documents(*, stale_after: timedelta) -> list[str]:
     与仍活着的执行者续期互斥——续上了就不收回；收回后那个执行者提交时核对令牌失败，结果作废。
     """
     from django_q.tasks import async_task
-
-    from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
 
     cutoff = timezone.now() - stale_after
     candidates = Document.objects.exclude(lease_owner="").filter(lease_expires_at__lt=cutoff).filter(
@@ -124,8 +169,6 @@ def requeue_waiting_documents(*, stale_after: timedelta) -> list[str]:
     这里让它们早些回到队列。重复入队无害：先到的那份处理文档，后到的看到已完成或租约在手就跳过。
     """
     from django_q.tasks import async_task
-
-    from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
 
     cutoff = timezone.now() - stale_after
     candidates = Document.objects.filter(

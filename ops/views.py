@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ops import metrics
-from ops.selectors import readiness
-from ragservice.api import ERROR_SCHEMA
-from ragservice.errors import DATABASE_RETRY_AFTER_SECONDS, ApplicationError, ErrorCode, ErrorDetail
+from infra import metrics
+from infra.api import ERROR_SCHEMA
+from infra.errors import DATABASE_RETRY_AFTER_SECONDS, ApplicationError, ErrorCode, ErrorDetail
+from ops.selectors import DatabaseGaugeCollector, readiness
 
 
 class _PublicView(APIView):
@@ -69,5 +69,5 @@ class MetricsView(_PublicView):
     def get(self, request: Request) -> HttpResponse:
         if not settings.METRICS_ENABLED:
             raise ApplicationError(ErrorCode.NOT_FOUND, "Metrics are disabled (RAG_METRICS_ENABLED=false)", 404)
-        body, content_type = metrics.render_latest()
+        body, content_type = metrics.render_latest(DatabaseGaugeCollector())
         return HttpResponse(body, content_type=content_type)

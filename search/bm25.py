@@ -26,10 +26,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection, transaction
 
-from ragservice.routers import search_connection
-from search.fulltext import QueryTerm, chunk_titles, document_terms
+from infra.routers import search_connection
+from raglib.analysis import QueryTerm, chunk_titles, document_terms
 
 # 只统计可检索的分块；与触发器里的条件一致
 _SEARCHABLE = "role <> 'parent'"
@@ -97,7 +98,7 @@ def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: in
     """查询的 IDF 质量里、知识库中真有的那部分所占比例（0~1）：全文这一路“听懂了”多少查询。
 
     没出现过的词按 df=0 的最大 IDF 计入分母。用另一种语言提问（英文问题查中文库）时，只有人名、数字等少数词
-    能在库里找到，比例很低；用库里的语言提问时接近 1。融合按它调低全文一路的权重（见 search.fusion）。
+    能在库里找到，比例很低；用库里的语言提问时接近 1。融合按它调低全文一路的权重（见 raglib.fusion）。
     """
     if n <= 0 or not terms:
         return 0.0
@@ -292,7 +293,7 @@ def rebuild_search_vectors(*, kb_id: uuid.UUID | None = None, batch_size: int = 
                 meta = json.loads(metadata) if metadata else {}
                 meta = meta if isinstance(meta, dict) else {}
                 titles = chunk_titles(meta.get("filename") or "", meta.get("title"), meta.get("heading_path") or ())
-                vector, length = document_terms(text, titles)
+                vector, length = document_terms(text, titles, analyzer=settings.FULLTEXT_ANALYZER)
                 ids.append(chunk_id)
                 vectors.append(vector)
                 lengths.append(length)

@@ -17,9 +17,9 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from documents.filters import SearchFilters
 from knowledge.models import KnowledgeBase
 from search import services
-from search.retrieval import SearchFilters
 
 MODE_CHOICES = [("hybrid", "混合（向量 + 全文）"), ("vector", "仅向量"), ("fulltext", "仅全文")]
 ORDER_CHOICES = [("score", "按分数"), ("position", "按文档位置")]

@@ -13,8 +13,8 @@ import numpy as np
 from cachetools import LRUCache
 from django.conf import settings
 
-from ops.metrics import QUERY_EMBEDDING_CACHE
-from search.embedders import embedder
+from infra.embedders import embedder
+from infra.metrics import QUERY_EMBEDDING_CACHE
 
 _lock = threading.Lock()
 _cache: LRUCache[tuple[str, str, str], np.ndarray] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from search.providers.rerank import GuardedReranker, RerankConfig, get_reranker
+from raglib.providers.rerank import GuardedReranker, RerankConfig, get_reranker
 
 
 def rerank_config() -> RerankConfig | None:

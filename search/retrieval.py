@@ -15,43 +15,12 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from documents.models import SUPPORTED_DIMENSIONS, Document
-from knowledge.models import KnowledgeBase
-from ragservice.routers import search_connection
+from documents.filters import SearchFilters
+from documents.models import Document
+from infra.routers import search_connection
+from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
+from raglib.analysis import ParsedQuery
 from search import ann, bm25
-from search.fulltext import ParsedQuery
-
-
-@dataclass(frozen=True)
-class SearchFilters:
-    """元数据过滤：同一字段内多个值是“任一”，不同字段之间是“且”。"""
-
-    domains: tuple[str, ...] = ()
-    categories: tuple[str, ...] = ()
-    tags_any: tuple[str, ...] = ()
-    tags_all: tuple[str, ...] = ()
-    document_ids: tuple[uuid.UUID, ...] = ()
-    filenames: tuple[str, ...] = ()
-
-    def sql(self) -> tuple[str, list[Any]]:
-        """追加到 WHERE 的条件（以 AND 开头）与参数；分块元数据里复制了文档元数据与文件名。"""
-        clauses: list[str] = []
-        params: list[Any] = []
-        for key, values in (("domain", self.domains), ("category", self.categories), ("filename", self.filenames)):
-            if values:
-                clauses.append(f"c.metadata->>'{key}' = ANY(%s)")
-                params.append(list(values))
-        if self.tags_any:
-            # tags 可能是字符串数组，也可能是单个字符串；jsonb ?| 对两者都成立
-            clauses.append("c.metadata->'tags' ?| %s")
-            params.append(list(self.tags_any))
-        if self.tags_all:
-            clauses.append("c.metadata->'tags' ?& %s")
-            params.append(list(self.tags_all))
-        if self.document_ids:
-            clauses.append("c.document_id = ANY(%s)")
-            params.append(list(self.document_ids))
-        return "".join(f" AND {clause}" for clause in clauses), params
 
 
 @dataclass(frozen=True)

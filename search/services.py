@@ -19,12 +19,13 @@ import structlog
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
+from documents.filters import SearchFilters
+from infra.metrics import SEARCH_DEGRADED, SEARCH_REQUESTS, SEARCH_STAGE_SECONDS
+from infra.principal import Principal
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import usable_knowledge_base
-from ops.auth import Principal
-from ops.metrics import SEARCH_DEGRADED, SEARCH_REQUESTS, SEARCH_STAGE_SECONDS
-from search import fulltext
-from search.fusion import (
+from raglib import analysis as fulltext
+from raglib.fusion import (
     collapse_by,
     context_window,
     lexical_gate,
@@ -32,27 +33,26 @@ from search.fusion import (
     rrf_fuse,
     similarity_from_distance,
 )
-from search.providers.rerank import RerankUnavailable
-from search.query_embeddings import embed_query
-from search.rerankers import configured_reranker
-from search.retrieval import (
-    ChunkRow,
-    PathHit,
-    SearchFilters,
-    SearchPlan,
-    fulltext_search,
-    load_chunks,
-    load_parents,
-    search_plan,
-    vector_search,
-)
-from search.scoring import (
+from raglib.providers.rerank import RerankUnavailable
+from raglib.scoring import (
     Calibration,
     fulltext_score,
     hybrid_score,
     match_ratio,
     non_increasing,
     vector_score,
+)
+from search.query_embeddings import embed_query
+from search.rerankers import configured_reranker
+from search.retrieval import (
+    ChunkRow,
+    PathHit,
+    SearchPlan,
+    fulltext_search,
+    load_chunks,
+    load_parents,
+    search_plan,
+    vector_search,
 )
 
 logger = structlog.get_logger(__name__)
@@ -90,7 +90,7 @@ class SearchResult:
     vector_similarity: float | None = None
     fulltext_rank: int | None = None
     fulltext_score: float | None = None
-    # 全文的匹配程度（0~1，跨查询可比，见 search.scoring.match_ratio）
+    # 全文的匹配程度（0~1，跨查询可比，见 raglib.scoring.match_ratio）
     fulltext_unit: float | None = None
     # 校准分数所用的证据（相似度, 匹配程度），某一路没找到时已换成那一路的下界；评测据此拟合校准参数
     evidence: tuple[float, float] | None = None
@@ -150,6 +150,13 @@ class _Clock:
             SEARCH_STAGE_SECONDS.labels(stage=name).observe(elapsed)
 
 
+def calibration_from_settings() -> Calibration:
+    """不重排时对外分数的校准参数（``RAG_SCORE_*``）。"""
+    return Calibration(settings.SCORE_VECTOR_CENTER, settings.SCORE_VECTOR_SCALE, settings.SCORE_FULLTEXT_CENTER,
+                       settings.SCORE_FULLTEXT_SCALE, settings.SCORE_HYBRID_VECTOR, settings.SCORE_HYBRID_FULLTEXT,
+                       settings.SCORE_HYBRID_BIAS)
+
+
 def searchable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID) -> KnowledgeBase:
     """检索前的校验：存在（404）→ 可用（403 KNOWLEDGE_BASE_UNAVAILABLE）→ 读权限（403）。"""
     return usable_knowledge_base(principal=principal, kb_id=kb_id, write=False)
@@ -207,7 +214,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
         return  # 没有已完成摄取的文档：空数组，而不是错误（需求 3.7）
     limit = candidate_count(request.top_k)
     depth = path_depth(request.top_k, request.mode)
-    parsed = fulltext.parse_query(request.query)
+    parsed = fulltext.parse_query(request.query, analyzer=settings.FULLTEXT_ANALYZER)
     outcome.query_type = parsed.type
 
     vector_future: Future[_PathResult] | None = None
@@ -275,12 +282,12 @@ def _maybe(value: float | None, convert: Callable[[float], float]) -> float | No
 
 
 def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult]) -> None:
-    """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`search.scoring`）。
+    """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`raglib.scoring`）。
 
     两路都参与时，某一路没找到的结果用那一路列表最末一条的值作它的证据（真实值不会更高），
     分数再沿融合顺序取累计最小值。
     """
-    calibration = Calibration.from_settings()
+    calibration = calibration_from_settings()
     text = paths.get("fulltext")
     for candidate in candidates:
         if text is not None and candidate.fulltext_score is not None:

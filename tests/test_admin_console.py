@@ -16,8 +16,9 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from documents.models import Document, DocumentChunk
+from documents.stages import stage_progress
 from knowledge.models import CleanupTask, KnowledgeBase
-from ops.dashboard import dashboard_figures, stage_progress
+from ops.dashboard import dashboard_figures
 from tests.test_playground import URL as PLAYGROUND_URL
 from tests.test_playground import browser, shop
 

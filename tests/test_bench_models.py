@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from bench.model_latency import pair_lengths, parameter_counts, request_flops
-from search.embedders import default_embedder
-from search.providers.embedding import clear_embedding_providers
-from search.providers.rerank import clear_rerankers
+from infra.embedders import default_embedder
+from raglib.providers.embedding import clear_embedding_providers
+from raglib.providers.rerank import clear_rerankers
 from search.rerankers import configured_reranker
 from tests.model_fixtures import BGE_M3_ARCHITECTURE, build_embedding_model, build_reranker_model
 

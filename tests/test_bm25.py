@@ -11,19 +11,27 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import close_old_connections, connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
 from documents.services import document_delete, document_reindex, document_upload
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_delete
-from ops.auth import SYSTEM_PRINCIPAL
+from raglib import analysis
+from raglib.analysis import ParsedQuery
 from search import bm25
-from search.fulltext import parse_query
-from search.retrieval import SearchFilters, fulltext_search
+from search.retrieval import fulltext_search
+
+
+def parse_query(query: str) -> ParsedQuery:
+    """按当前设置（``RAG_FULLTEXT_ANALYZER``，个别测试改成 jieba）解析查询，与服务的检索路径一致。"""
+    return analysis.parse_query(query, analyzer=django_settings.FULLTEXT_ANALYZER)
 
 TEXTS = [
     "高血压患者可以服用党参，党参有降血压的作用。",
@@ -124,7 +132,7 @@ def test_prefix_term_beyond_the_budget_is_read_in_part(medical: KnowledgeBase, s
 
 
 def _scored(df: int, lexeme: str, prefix: bool = False, idf: float = 1.0) -> bm25.ScoredTerm:
-    from search.fulltext import QueryTerm
+    from raglib.analysis import QueryTerm
 
     return bm25.ScoredTerm(QueryTerm(lexeme, prefix=prefix), df, idf, idf)
 
@@ -196,7 +204,7 @@ def test_coverage_is_low_for_a_query_in_another_language(medical: KnowledgeBase)
 
 
 def test_coverage_function() -> None:
-    from search.fulltext import QueryTerm
+    from raglib.analysis import QueryTerm
 
     terms = [QueryTerm("a"), QueryTerm("b", count=2)]
     assert bm25.coverage(terms, {("a", False): 5, ("b", False): 5}, 10) == pytest.approx(1.0)

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from documents.chunking import (
+from raglib.chunking import (
     ChunkDraft,
     ChunkingOptions,
     MarkdownLayout,
@@ -42,8 +42,8 @@ from documents.chunking import (
     sentence_spans,
     split_sentences,
 )
-from documents.chunking._text import is_char_boundary
-from documents.chunking.tokenizer import bundled_tokenizer_path
+from raglib.chunking._text import is_char_boundary
+from raglib.chunking.tokenizer import bundled_tokenizer_path
 
 TK = Tokenizer.load()
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from search.providers.breaker import BREAKER_STATE, CircuitBreaker, CircuitOpenError
+from raglib.providers.breaker import BREAKER_STATE, CircuitBreaker, CircuitOpenError
 from tests.conftest import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -289,7 +289,7 @@ def test_state_gauge_uses_livemax_in_multiprocess_mode(tmp_path: Path) -> None:
 import os
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
-from search.providers.breaker import CircuitBreaker
+from raglib.providers.breaker import CircuitBreaker
 
 breaker = CircuitBreaker("mp:test", failure_threshold=1)
 try:

@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 from django_q.models import Schedule
+from ops.tasks import run_cleanup
 
 from documents.models import Document, DocumentChunk
-from knowledge import cleanup
 from knowledge.models import CleanupTask, KnowledgeBase
-from knowledge.tasks import run_cleanup
+from ops import cleanup
 from tests.factories import add_documents
 
 pytestmark = pytest.mark.django_db
@@ -90,7 +90,7 @@ def test_interrupted_cleanup_resumes_without_double_counting(kb_factory, monkeyp
 
 def _run_scheduled_retry(task: CleanupTask) -> Schedule:
     schedule = Schedule.objects.get(name__startswith=f"cleanup-retry:{task.id}:")
-    assert schedule.func == "knowledge.tasks.run_cleanup"
+    assert schedule.func == "ops.tasks.run_cleanup"
     args = ast.literal_eval(schedule.args)
     kwargs = ast.literal_eval(schedule.kwargs)
     kwargs.pop("q_options")  # django-q2 的选项（超时），调度器入队时取出，不传给任务函数

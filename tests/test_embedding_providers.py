@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.providers import embedding as embedding_module
-from search.providers.breaker import CircuitOpenError
-from search.providers.embedding import (
+from raglib.providers import embedding as embedding_module
+from raglib.providers.breaker import CircuitOpenError
+from raglib.providers.embedding import (
     EmbeddingConfig,
     EmbeddingError,
     EmbeddingProvider,
@@ -28,7 +28,7 @@ from search.providers.embedding import (
     loaded_embedding_models,
     register_embedding_provider,
 )
-from search.providers.vectors import l2_normalize, length_sorted_batches
+from raglib.providers.vectors import l2_normalize, length_sorted_batches
 from tests.fake_http import FakeJsonServer
 from tests.model_fixtures import TINY_HIDDEN_SIZE, tiny_embedding_model_dir  # noqa: F401
 

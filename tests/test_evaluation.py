@@ -11,8 +11,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from knowledge.models import KnowledgeBase
-from search.evaluation.dataset import DatasetError, load_dataset, read_qrels
-from search.evaluation.metrics import (
+from raglib.evaluation.dataset import DatasetError, load_dataset, read_qrels
+from raglib.evaluation.metrics import (
     answer_hit_at_k,
     dedupe,
     mrr_at_k,
@@ -187,7 +187,7 @@ def test_evaluate_rejects_bad_options(tmp_path: Path) -> None:
 
 
 def test_reference_tokens_and_ranking() -> None:
-    from search.evaluation.reference import ReferenceIndex, reference_tokens
+    from raglib.evaluation.reference import ReferenceIndex, reference_tokens
 
     assert reference_tokens("高血压 HbA1c，臺灣") == ["高", "血", "压", "高血", "血压", "hba1c", "臺", "灣", "臺灣"]
     index = ReferenceIndex.build([(1, "高血压患者饮食"), (2, "糖尿病患者饮食"), (3, "高血压高血压")])
@@ -210,7 +210,7 @@ def test_score_separation_hand_computed() -> None:
 def test_fit_logistic_recovers_a_known_curve() -> None:
     import numpy as np
 
-    from search.evaluation.calibration import fit_logistic, suggest
+    from raglib.evaluation.calibration import fit_logistic, suggest
 
     rng = np.random.default_rng(0)
     x = rng.uniform(0.7, 1.0, size=(4000, 1))

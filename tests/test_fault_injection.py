@@ -26,8 +26,8 @@ import pytest
 import requests
 from django.conf import settings
 
+from infra.embedded_db import ensure_embedded_database, stop_embedded_database
 from ops.management.commands.serve import stop_groups, web_command
-from ragservice.embedded_db import ensure_embedded_database, stop_embedded_database
 from tests.workers import WorkerCluster, wait_for
 
 pytestmark = pytest.mark.slow

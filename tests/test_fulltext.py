@@ -17,22 +17,37 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from documents.models import DocumentChunk
-from search.fulltext import (
+from raglib import analysis
+from raglib.analysis import (
     MAX_POSITION,
     MAX_POSITIONS_PER_LEXEME,
+    ParsedQuery,
+    Word,
     chunk_titles,
-    document_tsvector,
     normalize,
-    parse_query,
     quote_lexeme,
-    tokenize,
 )
 from tests.test_documents_api import BID_TEXT, upload
+
+# 本文件固定 jieba 切法：分析函数直接调用时传它，经服务的路径由 RAG_FULLTEXT_ANALYZER 设为它
+ANALYZER = "jieba"
 
 
 @pytest.fixture(autouse=True)
 def jieba_analyzer(settings):
-    settings.FULLTEXT_ANALYZER = "jieba"
+    settings.FULLTEXT_ANALYZER = ANALYZER
+
+
+def tokenize(text: str) -> list[Word]:
+    return analysis.tokenize(text, ANALYZER)
+
+
+def parse_query(query: str) -> ParsedQuery:
+    return analysis.parse_query(query, analyzer=ANALYZER)
+
+
+def document_tsvector(body: str, titles=()) -> str:
+    return analysis.document_tsvector(body, titles, analyzer=ANALYZER)
 
 
 PROPERTY = hsettings(max_examples=150, deadline=None,

@@ -20,8 +20,8 @@ import pytest
 
 from documents import sandbox
 from documents.models import Document, DocumentChunk
-from documents.parsing import ParseError
-from documents.parsing.limits import LimitExceeded, ParseLimits
+from raglib.parsing import ParseError
+from raglib.parsing.limits import LimitExceeded, ParseLimits
 from tests import hostile_samples
 from tests.test_documents_api import upload
 from tests.test_parsing import make_pdf
@@ -150,7 +150,7 @@ def test_chunking_pathological_text_stays_in_linear_memory():
     """接近字符上限的单行英文与无标点中文：在子进程里分块，取它自己报告的峰值 RSS（VmHWM）。"""
     script = (
         "import json\n"
-        "from documents.chunking import chunk_text, ChunkingOptions, Tokenizer\n"
+        "from raglib.chunking import chunk_text, ChunkingOptions, Tokenizer\n"
         "from documents.sandbox import peak_rss\n"
         "tok = Tokenizer.load(None)\n"
         "english = 'the quick brown fox jumps over the lazy dog ' * 120_000\n"  # 528 万字符、一行
@@ -205,7 +205,7 @@ def test_parse_limits_defaults_match_the_settings():
 
 def test_upload_filename_cleaning():
     from documents.uploads import upload_filename
-    from ragservice.errors import ApplicationError
+    from infra.errors import ApplicationError
 
     assert upload_filename("C:\\Users\\x\\..\\招标 文件.pdf") == "招标 文件.pdf"
     assert upload_filename("a\x00b.txt") == "ab.txt"

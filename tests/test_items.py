@@ -13,7 +13,7 @@ import pytest
 from documents import items
 from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
-from search.providers.breaker import CircuitOpenError
+from raglib.providers.breaker import CircuitOpenError
 from tests.conftest import FakeEmbedder, assert_error
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import CleanupTask, KnowledgeBase
 from knowledge.selectors import usable_knowledge_base
-from ops.auth import SYSTEM_PRINCIPAL
 from tests.conftest import assert_error
 
 pytestmark = pytest.mark.django_db
@@ -192,7 +192,7 @@ def test_unknown_route_is_404(client_rw):
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """新建知识库时不许为未知模型加载权重或访问 hub：加载即测试失败。"""
-    from search.providers import embedding
+    from raglib.providers import embedding
 
     def refuse(config):
         raise AssertionError(f"tried to load {config.provider}:{config.model}")

@@ -23,12 +23,12 @@ from django_q.brokers import get_broker
 from django_q.models import Schedule
 from django_q.scheduler import scheduler
 from django_q.signals import pre_enqueue
+from ops.tasks import VECTOR_INDEX_SCHEDULE, run_cleanup
 
-from knowledge import cleanup
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import CleanupTask, KnowledgeBase
 from knowledge.services import knowledge_base_delete
-from knowledge.tasks import VECTOR_INDEX_SCHEDULE, run_cleanup
-from ops.auth import SYSTEM_PRINCIPAL
+from ops import cleanup
 from ops.tasks import requeue_stale_cleanups
 from search import ann
 from tests.factories import add_documents
@@ -52,7 +52,7 @@ def enqueued(settings: Any) -> Iterator[list[dict[str, Any]]]:
 
 @contextmanager
 def held_elsewhere(key: str) -> Iterator[None]:
-    """在另一条数据库连接（相当于另一个 worker）上持有 ``ops.locks`` 的 advisory lock。"""
+    """在另一条数据库连接（相当于另一个 worker）上持有 ``infra.locks`` 的 advisory lock。"""
     other = connections.create_connection("default")
     try:
         with other.cursor() as cursor:
@@ -104,7 +104,7 @@ def test_vector_index_schedule_runs_with_the_maintenance_timeout(enqueued: list[
     assert ast.literal_eval(schedule.kwargs) == {"q_options": {"timeout": MAINTENANCE_TIMEOUT}}
     Schedule.objects.filter(pk=schedule.pk).update(next_run=timezone.now() - timedelta(seconds=1))
     scheduler(broker=get_broker())
-    [package] = [p for p in enqueued if p["func"] == "knowledge.tasks.sync_vector_indexes"]
+    [package] = [p for p in enqueued if p["func"] == "ops.tasks.sync_vector_indexes"]
     assert package["timeout"] == MAINTENANCE_TIMEOUT
     assert "q_options" not in package["kwargs"]  # 是 django-q2 的选项，不是传给任务函数的参数
 

@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import ops.selectors
 from documents.models import DocumentChunk
+from infra import errors
 from knowledge import selectors as knowledge_selectors
 from knowledge.models import CleanupTask, KnowledgeBase
 from ops.selectors import CheckResult
-from ragservice import errors
 from tests.conftest import assert_error
 from tests.factories import add_documents
 
@@ -539,7 +539,7 @@ def test_reaper_is_quiet_when_nothing_is_stale(caplog):
 
 
 def test_routine_django_q_lines_are_demoted_to_debug():
-    from ops.logging import ROUTINE_TASK_MARKERS, RoutineTaskFilter
+    from infra.logging import ROUTINE_TASK_MARKERS, RoutineTaskFilter
 
     def record(message: str, name: str = "django-q") -> logging.LogRecord:
         return logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)

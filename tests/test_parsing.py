@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from documents.parsing import (
+from raglib.parsing import (
     SUPPORTED_EXTENSIONS,
     OcrEngine,
     ParsedDocument,
@@ -30,8 +30,8 @@ from documents.parsing import (
     ocr_available,
     parse_document,
 )
-from documents.parsing import ocr as ocr_module
-from documents.parsing.text import decode_text
+from raglib.parsing import ocr as ocr_module
+from raglib.parsing.text import decode_text
 from tests import sample_docs
 from tests.sample_docs import BODY, PICTURE_LINES, SCAN_LINES
 

@@ -20,10 +20,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
+from documents.filters import SearchFilters
 from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
 from search import playground, services
-from search.retrieval import ChunkRow, SearchFilters
+from search.retrieval import ChunkRow
 from tests.factories import ingest_text
 
 URL = reverse("search-playground")

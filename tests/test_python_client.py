@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from search.providers.breaker import CircuitOpenError
+from raglib.providers.breaker import CircuitOpenError
 from tests.conftest import FakeEmbedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clients" / "python"))

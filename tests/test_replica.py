@@ -17,12 +17,13 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test.utils import CaptureQueriesContext
 
+from documents.filters import SearchFilters
+from infra.config import env_redis_url
+from infra.metrics import REPLICA_FALLBACKS
+from infra.routers import REPLICA, PrimaryReplicaRouter, reset_replica_state, search_connection
 from knowledge.models import KnowledgeBase
-from ops.metrics import REPLICA_FALLBACKS
-from ragservice.config import env_redis_url
-from ragservice.routers import REPLICA, PrimaryReplicaRouter, reset_replica_state, search_connection
 from search import ann
-from search.retrieval import SearchFilters, vector_search
+from search.retrieval import vector_search
 from tests.factories import add_documents, ingest_text
 
 pytestmark = pytest.mark.django_db(transaction=True)

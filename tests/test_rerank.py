@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from search.providers import rerank as rerank_module
-from search.providers.breaker import CircuitBreaker, CircuitOpenError
-from search.providers.rerank import (
+from raglib.providers import rerank as rerank_module
+from raglib.providers.breaker import CircuitBreaker, CircuitOpenError
+from raglib.providers.rerank import (
     RERANK_CACHE_HIT_RATE,
     RETRY_BACKOFF,
     FlagRerankProvider,
@@ -677,8 +677,8 @@ def test_hit_rate_gauge_is_per_live_process_in_multiprocess_mode(tmp_path: Path)
 import os
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
-from search.providers.breaker import CircuitBreaker
-from search.providers.rerank import GuardedReranker, RerankConfig
+from raglib.providers.breaker import CircuitBreaker
+from raglib.providers.rerank import GuardedReranker, RerankConfig
 
 class Provider:
     provider, model, scores_are_probabilities = "fake", "m", False

@@ -17,14 +17,15 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
 from ops.models import ApiKey
+from raglib.providers.breaker import CircuitOpenError
+from raglib.providers.embedding import EmbeddingError
+from raglib.providers.rerank import RerankUnavailable
 from search import ann, services
-from search.providers.breaker import CircuitOpenError
-from search.providers.embedding import EmbeddingError
-from search.providers.rerank import RerankUnavailable
-from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchFilters, SearchPlan, vector_search
+from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchPlan, vector_search
 from tests.conftest import assert_error
 from tests.factories import ingest_text
 

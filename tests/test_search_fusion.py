@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.fusion import (
+from raglib.fusion import (
     collapse_by,
     context_window,
     order_by_scores,
@@ -21,7 +21,7 @@ from search.fusion import (
     similarity_from_distance,
 )
 from search.retrieval import ChunkRow
-from search.services import SearchResult, context_order
+from search.services import SearchResult, calibration_from_settings, context_order
 
 ranked_ids = st.lists(st.integers(min_value=1, max_value=60), max_size=40, unique=True)
 
@@ -116,10 +116,10 @@ def test_property_19_fallback_scores_are_valid(rrf_scores: list[float], paths: i
     """**Feature: v2-rag-migration, Property 19: Reranker Fallback Produces Valid Results**
 
     重排序不可用时：每个候选都有 0~1 的分数，且按融合分数降序的顺序保持不变。"""
-    from search.scoring import Calibration, hybrid_score, non_increasing
+    from raglib.scoring import hybrid_score, non_increasing
 
     # 不重排时的分数：融合顺序上的校准分数取累计最小值（见 search.services._calibrated_scores）
-    calibration = Calibration.from_settings()
+    calibration = calibration_from_settings()
     fused = sorted(rrf_scores, reverse=True)
     evidence = [(1.0 - score * 61 / paths / 2, score * 61 / paths) for score in fused]
     unit = non_increasing([hybrid_score(s, u, calibration) for s, u in evidence])
@@ -169,7 +169,7 @@ def test_weighted_rrf_and_zero_weight_path() -> None:
 
 @given(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1))
 def test_lexical_gate_is_monotone_and_bounded(a: float, b: float, floor: float) -> None:
-    from search.fusion import lexical_gate
+    from raglib.fusion import lexical_gate
 
     full = min(1.0, floor + 0.3)
     low, high = sorted((a, b))
@@ -180,7 +180,7 @@ def test_lexical_gate_is_monotone_and_bounded(a: float, b: float, floor: float) 
 
 @given(st.lists(st.floats(0, 1), max_size=30))
 def test_calibrated_scores_never_rise_with_rank(scores: list[float]) -> None:
-    from search.scoring import non_increasing
+    from raglib.scoring import non_increasing
 
     result = non_increasing(scores)
     assert all(x >= y for x, y in itertools.pairwise(result))
@@ -188,7 +188,7 @@ def test_calibrated_scores_never_rise_with_rank(scores: list[float]) -> None:
 
 
 def test_calibration_functions() -> None:
-    from search.scoring import Calibration, fulltext_score, hybrid_score, match_ratio, sigmoid, vector_score
+    from raglib.scoring import Calibration, fulltext_score, hybrid_score, match_ratio, sigmoid, vector_score
 
     c = Calibration(0.85, 0.02, 0.3, 0.08, 40.0, 8.0, -36.0)
     assert vector_score(0.85, c) == pytest.approx(0.5) and vector_score(0.95, c) > 0.99

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from documents.parsing import OcrEngine, Segment, detect_format
+from raglib.parsing import OcrEngine, Segment, detect_format
 from tests.shared_data import FIXTURES, skip_without_shared_data
 from tests.test_parsing import FakeOcr, assert_product_guide, parse, rapidocr, table_rows, tesseract
 

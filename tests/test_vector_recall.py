@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from ops.tasks import sync_vector_indexes
 
 from bench.scale_data import load_scale_data, query_vectors
+from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk, hnsw_index
 from knowledge.models import KnowledgeBase
-from knowledge.tasks import sync_vector_indexes
 from search import ann
-from search.retrieval import SearchFilters, vector_search
+from search.retrieval import vector_search
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

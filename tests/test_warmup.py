@@ -19,7 +19,7 @@ from django_q.signals import post_spawn
 
 from ops.selectors import check_models, check_worker
 from ops.warmup import WarmState, load_models, warm_key
-from search.providers.rerank import clear_rerankers
+from raglib.providers.rerank import clear_rerankers
 from tests.model_fixtures import tiny_reranker_model_dir  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -91,7 +91,7 @@ def test_load_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) ->
     def broken() -> None:
         raise OSError("model files missing")
 
-    monkeypatch.setattr("search.embedders.default_embedder", broken)
+    monkeypatch.setattr("ops.warmup.default_embedder", broken)
     state = load_models(ocr=False)
     assert (state.ok, state.error, state.loaded) == (False, "OSError", "")
 

@@ -22,8 +22,8 @@ from django_q.models import Schedule
 from documents import ingestion
 from documents.models import Document, DocumentChunk
 from documents.services import document_upload
-from ops.locks import row_lease
-from search.providers.embedding import get_embedding_provider
+from infra.locks import row_lease
+from raglib.providers.embedding import get_embedding_provider
 from tests.conftest import assert_error
 from tests.test_documents_api import BID_TEXT, upload
 from tests.test_embedding_providers import FakeEmbeddingServer
@@ -199,7 +199,7 @@ def test_small_uploads_and_cleanup_go_to_the_fast_queue(client_rw, kb_factory, r
     run_on_commit(client_rw.delete, f"/knowledge_bases/{kb.id}")
     assert queued == [("documents.tasks.run_ingestion", "ragservice-fast"),
                       ("documents.tasks.run_ingestion", None),
-                      ("knowledge.tasks.run_cleanup", "ragservice-fast")]
+                      ("ops.tasks.run_cleanup", "ragservice-fast")]
 
 
 def test_reaper_requeues_documents_nobody_started(kb_factory, monkeypatch):

@@ -8,9 +8,9 @@ import pytest
 from django.test import Client
 from django_q.conf import Conf
 
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import CleanupTask
 from knowledge.services import knowledge_base_delete
-from ops.auth import SYSTEM_PRINCIPAL
 from ops.tasks import requeue_stale_cleanups
 from tests.factories import add_documents
 from tests.workers import WorkerCluster, wait_for

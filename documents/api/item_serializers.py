@@ -8,11 +8,11 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from documents.filters import SearchFilters
 from documents.items import ITEM_FIELDS, ItemInput, ItemResult
 from documents.models import Document
-from ragservice.api import PageQuerySerializer, StrictSerializer
-from ragservice.errors import error_body
-from search.retrieval import SearchFilters
+from infra.api import PageQuerySerializer, StrictSerializer
+from infra.errors import error_body
 
 _RESERVED = {*ITEM_FIELDS, "external_id"}
 

@@ -31,10 +31,10 @@ from documents.api.item_serializers import (
 from documents.domains import domain_sync
 from documents.items import ItemResult
 from documents.models import KnowledgeDomain
+from infra.api import error_responses, page_response
+from infra.errors import ApplicationError, ErrorCode, ErrorDetail, validation_error
+from infra.principal import request_principal
 from knowledge.selectors import usable_knowledge_base
-from ops.auth import request_principal
-from ragservice.api import error_responses, page_response
-from ragservice.errors import ApplicationError, ErrorCode, ErrorDetail, validation_error
 
 _WRITE_STATUS = {"created": status.HTTP_201_CREATED, "queued": status.HTTP_202_ACCEPTED}
 

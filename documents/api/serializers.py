@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from documents.models import Document
-from ragservice.api import (
+from infra.api import (
     MAX_JSON_DEPTH,
     JsonTooDeepError,
     PageQuerySerializer,

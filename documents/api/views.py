@@ -18,8 +18,8 @@ from documents.api.serializers import (
     DocumentUploadSerializer,
 )
 from documents.uploads import payload_too_large
-from ops.auth import request_principal
-from ragservice.api import error_responses, page_response
+from infra.api import error_responses, page_response
+from infra.principal import request_principal
 
 # multipart 的边界与其他表单字段所占的余量：Content-Length 超过 上限+余量 的请求不读请求体直接拒绝
 _MULTIPART_SLACK = 1 << 20

@@ -2,9 +2,10 @@
 
 import django.contrib.postgres.indexes
 import django.contrib.postgres.search
+from django.conf import settings
 from django.db import migrations
 
-from search.fulltext import chunk_titles, document_tsvector
+from raglib.analysis import chunk_titles, document_tsvector
 
 BATCH_SIZE = 500
 
@@ -29,7 +30,7 @@ def backfill_search_vectors(apps, schema_editor, batch_size=BATCH_SIZE):
             meta = metadata if isinstance(metadata, dict) else {}
             titles = chunk_titles(meta.get("filename") or "", meta.get("title"), meta.get("heading_path") or ())
             ids.append(chunk_id)
-            vectors.append(document_tsvector(text, titles))
+            vectors.append(document_tsvector(text, titles, analyzer=settings.FULLTEXT_ANALYZER))
         with schema_editor.connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} AS c SET search_vector = v.sv::tsvector "  # noqa: S608 - 表名来自模型元数据

@@ -6,8 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from infra.api import PageQuerySerializer, StatusListField, StrictSerializer
 from knowledge.models import CleanupTask, KnowledgeBase
-from ragservice.api import PageQuerySerializer, StatusListField, StrictSerializer
 
 
 def _name_field(required: bool) -> serializers.CharField:

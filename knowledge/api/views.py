@@ -8,6 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from infra.api import error_responses, page_response
+from infra.principal import request_principal
 from knowledge import selectors, services
 from knowledge.api.serializers import (
     CleanupTaskSerializer,
@@ -17,8 +19,6 @@ from knowledge.api.serializers import (
     KnowledgeBaseSerializer,
     KnowledgeBaseUpdateSerializer,
 )
-from ops.auth import request_principal
-from ragservice.api import error_responses, page_response
 
 
 class KnowledgeBaseListView(APIView):

@@ -6,8 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from ragservice.api import SettingBoundedIntegerField, StrictSerializer
-from search.retrieval import SearchFilters
+from documents.filters import SearchFilters
+from infra.api import SettingBoundedIntegerField, StrictSerializer
 from search.services import MODES, SearchRequest
 
 

@@ -9,8 +9,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ops.auth import request_principal
-from ragservice.api import error_responses
+from infra.api import error_responses
+from infra.principal import request_principal
 from search import services
 from search.api.serializers import SearchRequestSerializer, SearchResultSerializer
 

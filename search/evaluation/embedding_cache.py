@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from search.embedders import embedder
-from search.providers.embedding import EmbeddingProvider
-from search.providers.vectors import Vectors
+from infra.embedders import embedder
+from raglib.providers.embedding import EmbeddingProvider
+from raglib.providers.vectors import Vectors
 
 BATCH = 64
 

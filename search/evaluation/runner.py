@@ -20,22 +20,22 @@ from django_q.conf import Conf
 
 from documents.models import Document, DocumentChunk
 from documents.services import document_upload
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create, knowledge_base_delete
-from ops.auth import SYSTEM_PRINCIPAL
-from search import services
-from search.evaluation.dataset import Dataset, Query
-from search.evaluation.embedding_cache import embedding_cache, prefill
-from search.evaluation.metrics import (
+from raglib.evaluation.dataset import Dataset, Query
+from raglib.evaluation.metrics import (
     answer_hit_at_k,
     mrr_at_k,
     ndcg_at_k,
     percentile,
     recall_at_k,
 )
-from search.evaluation.reference import ReferenceIndex
+from raglib.evaluation.reference import ReferenceIndex
+from raglib.scoring import REFERENCE_THRESHOLD
+from search import services
+from search.evaluation.embedding_cache import embedding_cache, prefill
 from search.query_embeddings import clear_query_embeddings
-from search.scoring import REFERENCE_THRESHOLD
 
 # 评测方式 → (检索方式, 是否重排序)
 MODES: dict[str, tuple[services.Mode, bool]] = {
@@ -44,7 +44,7 @@ MODES: dict[str, tuple[services.Mode, bool]] = {
     "hybrid": ("hybrid", False),
     "hybrid+rerank": ("hybrid", True),
 }
-# 参照 BM25：不走检索服务，在同一批分块上用 Python 算（见 search.evaluation.reference）
+# 参照 BM25：不走检索服务，在同一批分块上用 Python 算（见 raglib.evaluation.reference）
 REFERENCE_MODE = "bm25-reference"
 TOP_K = 100
 METRIC_COLUMNS = ("ndcg@10", "recall@10", "recall@100", "mrr@10", "answer_hit@1", "answer_hit@5", "answer_hit@10")
@@ -277,7 +277,7 @@ def evaluate_mode(kb: KnowledgeBase, dataset: Dataset, mode: str, progress: Prog
 
 def evaluate_reference(kb: KnowledgeBase, dataset: Dataset, progress: Progress = no_progress,
                        queries: Sequence[Query] | None = None, label: str = REFERENCE_MODE) -> ModeReport:
-    """参照 BM25（:mod:`search.evaluation.reference`）在同一批可检索分块上的结果，指标口径与各方式相同。"""
+    """参照 BM25（:mod:`raglib.evaluation.reference`）在同一批可检索分块上的结果，指标口径与各方式相同。"""
     report = ModeReport(label)
     chunks = {chunk_id: (text, str(metadata.get("eval_id", ""))) for chunk_id, text, metadata in
               DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)

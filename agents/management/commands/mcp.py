@@ -10,7 +10,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.stdio import serve_stdio
-from ops.auth import SYSTEM_PRINCIPAL, principal_for_key
+from infra.principal import SYSTEM_PRINCIPAL
+from ops.auth import principal_for_key
 
 
 class Command(BaseCommand):

@@ -23,11 +23,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from documents.api.item_serializers import ItemEntrySerializer, item_input
 from documents.domains import DomainSyncStats, domain_sync
 from documents.items import ItemInput
+from infra.principal import SYSTEM_PRINCIPAL
+from infra.progress import write_progress
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import parse_uuid
 from knowledge.services import knowledge_base_create
-from ops.auth import SYSTEM_PRINCIPAL
-from ops.progress import write_progress
 
 _TOTALS = ("created", "updated", "unchanged", "removed", "failed", "chunks_embedded", "chunks_reused")
 

@@ -12,11 +12,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from documents import services
 from documents.ingestion import ingest_document
 from documents.models import Document
+from infra.context import task_context
+from infra.errors import ApplicationError
+from infra.principal import SYSTEM_PRINCIPAL
+from infra.progress import write_progress
 from knowledge.selectors import parse_uuid
-from ops.auth import SYSTEM_PRINCIPAL
-from ops.context import task_context
-from ops.progress import write_progress
-from ragservice.errors import ApplicationError
 
 
 class Command(BaseCommand):

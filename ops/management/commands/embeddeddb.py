@@ -11,8 +11,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from ragservice.embedded_backend.base import DATA_DIR_KEY
-from ragservice.embedded_db import (
+from infra.embedded_backend.base import DATA_DIR_KEY
+from infra.embedded_db import (
     EmbeddedStatus,
     embedded_database_status,
     ensure_embedded_database,

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ragservice.config import VARIABLES
+from infra.config import VARIABLES
 
 
 class Command(BaseCommand):

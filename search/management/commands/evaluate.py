@@ -12,11 +12,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from documents.chunking import STRATEGY_DEFAULTS
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_by_name_or_id
-from search.evaluation.calibration import suggest
-from search.evaluation.dataset import DatasetError, Query, load_dataset, read_queries
+from raglib.chunking import STRATEGY_DEFAULTS
+from raglib.evaluation.calibration import suggest
+from raglib.evaluation.dataset import DatasetError, Query, load_dataset, read_queries
 from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, compare_reports, run_evaluation
 
 ALL_MODES = (*MODES, REFERENCE_MODE)

