@@ -14,10 +14,12 @@ from infra.config import (
     env_bool,
     env_float,
     env_int,
+    env_mode,
     env_redis_url,
     env_secret,
     env_size,
     env_str,
+    raise_invalid,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -29,8 +31,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # ---------------------------------------------------------------- 运行模式
-RAG_ENV = env_str("RAG_ENV", "development", "运行模式；production 下缺少密钥、关闭鉴权会拒绝启动",
-                  choices=("development", "production"))
+# 必须最先解析：生产模式下其后任何 RAG_* 取值非法都不回退默认值，由文件末尾的 raise_invalid() 一并报出
+RAG_ENV = env_mode("运行模式；production 下缺少密钥、关闭鉴权会拒绝启动")
 PRODUCTION = RAG_ENV == "production"
 DEBUG = env_bool("RAG_DEBUG", False, "Django DEBUG（仅本地排错用，生产务必关闭）")
 # 相对路径相对于项目根目录解析，与从哪个目录启动无关
@@ -472,3 +474,6 @@ WEB_THREADS = env_int("RAG_WEB_THREADS", 4, "每个 gunicorn worker 的线程数
 SESSION_COOKIE_SECURE = env_bool("RAG_SECURE_COOKIES", PRODUCTION,
                                  "admin 会话 cookie 仅经 HTTPS 发送（生产模式默认开）")
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# 放在最后：生产模式下把上面收集到的全部非法取值一次报出（开发模式已逐条告警并回退默认值）
+raise_invalid()

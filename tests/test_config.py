@@ -1,4 +1,4 @@
-"""infra.config：RAG_* 环境变量的解析、非法值告警回退、密钥 fail fast、数据库 URL 与文档生成。"""
+"""infra.config：RAG_* 环境变量的解析、非法值告警回退（开发）或拒绝启动（生产）、密钥 fail fast、数据库 URL 与文档。"""
 
 from __future__ import annotations
 
@@ -22,16 +22,20 @@ from infra.config import (
     env_bool,
     env_float,
     env_int,
+    env_mode,
     env_secret,
     env_size,
     env_str,
+    raise_invalid,
 )
 
 
 @pytest.fixture(autouse=True)
 def _isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """测试里登记的 RAG_TEST_* 变量写进副本，不污染真实的 VARIABLES（ragconfig 命令持有原对象）。"""
+    """测试里登记的 RAG_TEST_* 变量写进副本，不污染真实的 VARIABLES（ragconfig 命令持有原对象）；
+    运行模式每个测试从开发模式开始，测试里切到生产模式也不会带到别的测试。"""
     monkeypatch.setattr(config, "VARIABLES", dict(config.VARIABLES))
+    monkeypatch.setattr(config, "_validation", config._Validation())
 
 
 def _assert_warned(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, name: str) -> None:
@@ -170,6 +174,127 @@ def test_env_size_infinite_falls_back_with_warning(monkeypatch, capsys, caplog, 
     monkeypatch.setenv("RAG_TEST_SIZE_INF", raw)
     assert env_size("RAG_TEST_SIZE_INF", 1234, "help") == 1234
     _assert_warned(capsys, caplog, "RAG_TEST_SIZE_INF")
+
+
+def test_env_float_rejects_non_finite_values(monkeypatch, capsys, caplog):
+    for raw in ("nan", "inf", "-inf"):
+        monkeypatch.setenv("RAG_TEST_FLOAT_NAN", raw)
+        assert env_float("RAG_TEST_FLOAT_NAN", 0.5, "help") == 0.5
+        _assert_warned(capsys, caplog, "RAG_TEST_FLOAT_NAN")
+
+
+# ---------------------------------------------------------------- 生产模式：非法取值拒绝启动
+
+
+def _enter_mode(monkeypatch: pytest.MonkeyPatch, mode: str) -> str:
+    """像 settings.py 开头那样先解析 RAG_ENV。"""
+    monkeypatch.setenv("RAG_ENV", mode)
+    return env_mode("help")
+
+
+@pytest.mark.parametrize(("read", "raw", "expected"), [
+    (lambda n: env_int(n, 5, "h", minimum=1, maximum=100), "abc", "=abc 不合法：需要 1 到 100 之间的整数"),
+    (lambda n: env_int(n, 5, "h", minimum=1, maximum=100), "101", "=101 不合法：需要 1 到 100 之间的整数"),
+    (lambda n: env_int(n, 5, "h", minimum=1), "0", "=0 不合法：需要不小于 1 的整数"),
+    (lambda n: env_int(n, 5, "h"), "4.5", "=4.5 不合法：需要整数"),
+    (lambda n: env_float(n, 0.5, "h", minimum=0.001), "-1", "=-1 不合法：需要不小于 0.001 的数字"),
+    (lambda n: env_float(n, 0.5, "h"), "fast", "=fast 不合法：需要数字"),
+    (lambda n: env_str(n, "auto", "h", choices=("auto", "none")), "staging", "=staging 不合法：需要 auto、none 之一"),
+    (lambda n: env_bool(n, True, "h"), "maybe", "=maybe 不合法：需要 true/false"),
+    (lambda n: env_size(n, 1, "h"), "50XB", "=50XB 不合法：需要正的字节数"),
+])
+def test_production_invalid_value_fails_naming_variable_and_range(monkeypatch, capsys, caplog, read, raw, expected):
+    assert _enter_mode(monkeypatch, "production") == "production"
+    monkeypatch.setenv("RAG_TEST_PROD_BAD", f" {raw} ")
+    read("RAG_TEST_PROD_BAD")  # settings 加载期间先收集，不立即失败
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        raise_invalid()
+    assert f"RAG_TEST_PROD_BAD{expected}" in str(excinfo.value)
+    _assert_not_warned(capsys, caplog)  # 生产模式不告警回退
+
+
+def test_production_lists_every_invalid_value_at_once(monkeypatch):
+    _enter_mode(monkeypatch, "production")
+    monkeypatch.setenv("RAG_TEST_MANY_INT", "abc")
+    monkeypatch.setenv("RAG_TEST_MANY_OK", "7")
+    monkeypatch.setenv("RAG_TEST_MANY_FLOAT", "x")
+    monkeypatch.setenv("RAG_TEST_MANY_CHOICE", "loud")
+    env_int("RAG_TEST_MANY_INT", 20, "h", minimum=1, maximum=100)
+    assert env_int("RAG_TEST_MANY_OK", 1, "h", minimum=1) == 7  # 合法值照常解析
+    env_float("RAG_TEST_MANY_FLOAT", 1.0, "h", minimum=0.0)
+    env_str("RAG_TEST_MANY_CHOICE", "info", "h", choices=("debug", "info"))
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        raise_invalid()
+    message = str(excinfo.value)
+    assert "RAG_TEST_MANY_INT=abc 不合法：需要 1 到 100 之间的整数" in message
+    assert "RAG_TEST_MANY_FLOAT=x 不合法：需要不小于 0.0 的数字" in message
+    assert "RAG_TEST_MANY_CHOICE=loud 不合法：需要 debug、info 之一" in message
+    assert "RAG_TEST_MANY_OK" not in message
+    raise_invalid()  # 报过一次就清空
+
+
+def test_production_without_invalid_values_starts(monkeypatch):
+    _enter_mode(monkeypatch, "PRODUCTION")  # 忽略大小写
+    monkeypatch.setenv("RAG_TEST_PROD_OK", "3")
+    assert env_int("RAG_TEST_PROD_OK", 1, "h", minimum=1) == 3
+    raise_invalid()
+
+
+def test_production_invalid_value_after_settings_loaded_fails_immediately(monkeypatch):
+    """settings 加载完（raise_invalid 之后）再读到非法值，生产模式下即时失败。"""
+    _enter_mode(monkeypatch, "production")
+    raise_invalid()
+    monkeypatch.setenv("RAG_TEST_LATE_BAD", "-1")
+    with pytest.raises(ImproperlyConfigured, match="RAG_TEST_LATE_BAD=-1 不合法：需要不小于 0 的整数"):
+        env_int("RAG_TEST_LATE_BAD", 1, "h", minimum=0)
+
+
+def test_development_mode_still_warns_and_defaults(monkeypatch, capsys, caplog):
+    assert _enter_mode(monkeypatch, "development") == "development"
+    monkeypatch.setenv("RAG_TEST_DEV_BAD", "abc")
+    assert env_int("RAG_TEST_DEV_BAD", 40, "h", minimum=1) == 40
+    _assert_warned(capsys, caplog, "RAG_TEST_DEV_BAD")
+    raise_invalid()  # 开发模式没有收集，不会失败
+
+
+def test_unset_mode_is_development(monkeypatch):
+    monkeypatch.delenv("RAG_ENV", raising=False)
+    assert env_mode("help") == "development"
+    assert config.VARIABLES["RAG_ENV"].kind == "development|production"
+
+
+@pytest.mark.parametrize("raw", ["prod", "staging"])
+def test_invalid_mode_always_fails(monkeypatch, raw):
+    """RAG_ENV 自己写错不回退到 development：那会悄悄关掉生产模式的全部保护。"""
+    monkeypatch.setenv("RAG_ENV", raw)
+    with pytest.raises(ImproperlyConfigured, match=f"RAG_ENV={raw} 不合法：需要 development、production 之一"):
+        env_mode("help")
+
+
+def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """在子进程里用给定的 RAG_* 变量加载 settings（本进程的 settings 早已加载）。"""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    return subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=settings.BASE_DIR,
+                          env={**base, "DJANGO_SETTINGS_MODULE": "ragservice.settings",
+                               "RAG_DATA_DIR": str(tmp_path / "data"), **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_settings_fail_fast_in_production_and_warn_in_development(tmp_path):
+    """settings.py 先解析 RAG_ENV、末尾调用 raise_invalid：生产模式一次报出全部非法值，开发模式照常启动。"""
+    bad = {"RAG_SECRET_KEY": "x", "RAG_HNSW_EF_SEARCH": "abc", "RAG_RERANK_TIMEOUT": "soon",
+           "RAG_LOG_FORMAT": "xml", "RAG_PORT": "70000"}
+    result = _load_settings(tmp_path, RAG_ENV="production", **bad)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    for expected in ("RAG_HNSW_EF_SEARCH=abc 不合法：需要 1 到 1000 之间的整数",
+                     "RAG_RERANK_TIMEOUT=soon 不合法：需要不小于 0.1 的数字",
+                     "RAG_LOG_FORMAT=xml 不合法：需要 json、console 之一",
+                     "RAG_PORT=70000 不合法：需要 1 到 65535 之间的整数"):
+        assert expected in result.stderr, result.stderr
+    result = _load_settings(tmp_path, RAG_ENV="development", **bad)
+    assert result.returncode == 0, result.stderr
+    assert "invalid value for RAG_HNSW_EF_SEARCH='abc'" in result.stderr
 
 
 # ---------------------------------------------------------------- 登记表
