@@ -154,6 +154,7 @@ def _screenshot(driver: Any, name: str) -> dict[str, Any]:
     return layout
 
 
+@pytest.mark.browser
 def test_console_pages_in_headless_chromium(live_server: Any, transactional_db: None, console: dict[str, Any],
                                             shop: KnowledgeBase, browser: Any) -> None:
     from selenium.webdriver.common.by import By

@@ -30,7 +30,7 @@ from infra.embedded_db import ensure_embedded_database, stop_embedded_database
 from ops.management.commands.serve import stop_groups, web_command
 from tests.workers import WorkerCluster, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 ROOT = Path(settings.BASE_DIR)
 PARAGRAPH = "本项目为政务云平台建设项目，投标人须具备相应资质，投标文件应包括商务部分和技术部分。"
 

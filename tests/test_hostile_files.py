@@ -26,7 +26,7 @@ from tests import hostile_samples
 from tests.test_documents_api import upload
 from tests.test_parsing import make_pdf
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.process, pytest.mark.django_db]
 
 MB = 1024 * 1024
 # 解析子进程的峰值 RSS 上限：实测空载约 95 MB、最坏的嵌套 HTML 约 200 MB（docs/RELIABILITY.md）

@@ -23,7 +23,7 @@ from knowledge.models import KnowledgeBase
 from tests import workers
 from tests.conftest import FakeEmbedder, assert_error
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 TOOL_NAMES = {"search_knowledge", "list_knowledge_bases", "upsert_knowledge_item", "delete_knowledge_item",
               "get_document_status"}

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from knowledge.models import KnowledgeBase
 from tests.workers import GunicornServer, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WORKERS = 3
 HEALTH_REQUESTS = 60

@@ -289,6 +289,7 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         driver.quit()
 
 
+@pytest.mark.browser
 def test_end_to_end_in_headless_chromium(live_server: Any, transactional_db: None, shop: KnowledgeBase,
                                          kb_factory: Any, browser: Any) -> None:
     from selenium.webdriver.common.by import By

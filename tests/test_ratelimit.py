@@ -18,6 +18,9 @@ from ops.ratelimit import PostgresBucketStore, RedisBucketStore
 from tests.conftest import assert_error
 
 
+pytestmark = pytest.mark.process
+
+
 @pytest.fixture
 def tight_limits(settings):
     settings.RATE_LIMIT_ENABLED = True

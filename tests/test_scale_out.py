@@ -24,7 +24,7 @@ from documents.models import Document, DocumentChunk
 from tests import workers
 from tests.workers import GunicornServer, WorkerCluster, free_port, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # 每篇一个独有的主题词，检索它应当把这篇排在第一
 DOCUMENTS = {

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 ROOT = settings.BASE_DIR
 
 

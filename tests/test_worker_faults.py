@@ -29,6 +29,9 @@ from tests.test_documents_api import BID_TEXT, upload
 from tests.test_embedding_providers import FakeEmbeddingServer
 
 
+pytestmark = pytest.mark.process
+
+
 def _uploaded(kb, run_on_commit, text: str = BID_TEXT, name: str = "a.md") -> Document:
     document = run_on_commit(document_upload, kb=kb, filename=name, upload=io.BytesIO(text.encode()),
                              metadata={}, chunking={})

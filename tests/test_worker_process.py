@@ -15,7 +15,7 @@ from ops.tasks import requeue_stale_cleanups
 from tests.factories import add_documents
 from tests.workers import WorkerCluster, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def _progress(task_id) -> CleanupTask:
