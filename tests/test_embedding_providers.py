@@ -475,7 +475,7 @@ def test_configured_provider_is_used(fake_factory: list[FakeProvider]) -> None:
 
 
 def test_register_embedding_provider_adds_a_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedding_module, "_FACTORIES", dict(embedding_module._FACTORIES))
+    monkeypatch.setattr(embedding_module, "_FACTORIES", embedding_module._FACTORIES.copy())
     register_embedding_provider("mine", FakeProvider)
     assert get_embedding_provider(EmbeddingConfig(provider="mine", model="x")).dimension == 4
 

@@ -579,7 +579,7 @@ def test_concurrent_first_calls_load_once(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_register_rerank_provider_and_unknown_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rerank_module, "_FACTORIES", dict(rerank_module._FACTORIES))
+    monkeypatch.setattr(rerank_module, "_FACTORIES", rerank_module._FACTORIES.copy())
     register_rerank_provider("mine", lambda config: FakeProvider())
     assert get_reranker(RerankConfig(provider="mine", model="x")).rerank("q", ["a"]) == [sigmoid(0.0)]
     with pytest.raises(ValueError, match="unknown rerank provider 'nope'"):

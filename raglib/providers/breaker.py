@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal, ParamSpec, TypeVar
+from typing import Literal, ParamSpec, Protocol, TypeVar
 
 import structlog
 from prometheus_client import Counter, Gauge
@@ -209,6 +209,20 @@ class CircuitBreaker:
         return f"CircuitBreaker({self.name!r}, state={self._state!r}, failures={self._failures})"
 
 
+class BreakerSettings(Protocol):
+    """提供方配置里与断路器有关的部分（:class:`~raglib.providers.embedding.EmbeddingConfig`、
+    :class:`~raglib.providers.rerank.RerankConfig` 都满足）。"""
+
+    @property
+    def breaker_name(self) -> str: ...
+
+    @property
+    def failure_threshold(self) -> int: ...
+
+    @property
+    def reset_timeout(self) -> float: ...
+
+
 class BreakerRegistry:
     """按名字共享的断路器：同一个 ``provider:model`` 只有一个状态（与指标的 name 标签一一对应）。
 
@@ -228,6 +242,11 @@ class BreakerRegistry:
                                          is_failure=is_failure)
                 self._breakers[name] = breaker
             return breaker
+
+    def for_config(self, config: BreakerSettings, *, is_failure: Callable[[BaseException], bool]) -> CircuitBreaker:
+        """该配置对应的断路器（不存在则按配置的阈值与恢复时间创建）。"""
+        return self.get(config.breaker_name, failure_threshold=config.failure_threshold,
+                        reset_timeout=config.reset_timeout, is_failure=is_failure)
 
     def clear(self) -> None:
         with self._lock:

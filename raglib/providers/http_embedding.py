@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import requests
 
-from raglib.providers.embedding import EmbeddingConfig, EmbeddingError
+from raglib.providers.embedding_base import EmbeddingConfig, EmbeddingError
 from raglib.providers.vectors import Vectors, l2_normalize
 
 PROBE_TEXT = "ping"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 
-from raglib.providers.embedding import EmbeddingConfig
+from raglib.providers.embedding_base import EmbeddingConfig
 from raglib.providers.vectors import Vectors, embed_length_sorted, l2_normalize
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class FlagEmbeddingProvider:
     provider = "flag"
 
     def __init__(self, config: EmbeddingConfig) -> None:
+        # 延迟导入：torch/transformers（经 FlagEmbedding）是重依赖，导入要好几秒，只在加载 flag 模型时才付
         import torch
         from FlagEmbedding import BGEM3FlagModel
 

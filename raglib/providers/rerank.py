@@ -35,7 +35,9 @@ from cachetools import TTLCache
 from prometheus_client import Counter, Gauge
 
 from raglib.providers.breaker import BreakerRegistry, CircuitBreaker, CircuitOpenError
-from raglib.providers.embedding import INPUT_REJECTED_STATUSES
+from raglib.providers.embedding_base import INPUT_REJECTED_STATUSES
+from raglib.providers.http_embedding import ThreadLocalSessions, auth_headers, post_json, request_timeout
+from raglib.providers.registry import Registry
 
 logger = structlog.get_logger(__name__)
 
@@ -207,6 +209,7 @@ class FlagRerankProvider:
     scores_are_probabilities = False
 
     def __init__(self, config: RerankConfig) -> None:
+        # 延迟导入：torch/transformers（经 FlagEmbedding）是重依赖，导入要好几秒，只在加载 flag 模型时才付
         import torch
         from FlagEmbedding import FlagReranker
         from FlagEmbedding.utils.tokenizer_compat import pad_with_compat, prepare_for_model_compat
@@ -285,8 +288,6 @@ class HttpRerankProvider:
     provider = "http"
 
     def __init__(self, config: RerankConfig) -> None:
-        from raglib.providers.http_embedding import ThreadLocalSessions, auth_headers, request_timeout
-
         if not config.url:
             raise ValueError("the http rerank provider needs a url (RAG_RERANK_URL)")
         self.model = config.model
@@ -320,8 +321,6 @@ class HttpRerankProvider:
                                score_key="relevance_score")
 
     def _post(self, payload: dict[str, Any]) -> Any:
-        from raglib.providers.http_embedding import post_json
-
         return post_json(self._sessions.get(), self.endpoint, payload, timeout=self._timeout,
                          service="rerank server", error=RerankError)
 
@@ -512,20 +511,17 @@ def _checked_inputs(query: str, texts: Sequence[str]) -> list[str]:
 
 RerankFactory = Callable[[RerankConfig], RerankProvider]
 
-_FACTORIES: dict[str, RerankFactory] = {
-    "flag": FlagRerankProvider,
-    "http": HttpRerankProvider,
-}
+_FACTORIES: Registry[RerankFactory] = Registry("rerank", {"flag": FlagRerankProvider, "http": HttpRerankProvider})
 
 
 def register_rerank_provider(name: str, factory: RerankFactory) -> None:
     """注册（或替换）一种提供方；``factory(config)`` 负责加载模型，可能较慢，只在首次重排序时调用一次。"""
-    _FACTORIES[name] = factory
+    _FACTORIES.register(name, factory)
 
 
 def available_rerank_providers() -> list[str]:
     """已注册的提供方名字。"""
-    return sorted(_FACTORIES)
+    return _FACTORIES.names()
 
 
 _rerankers: dict[RerankConfig, GuardedReranker] = {}
@@ -535,8 +531,7 @@ _registry_lock = threading.Lock()
 
 def rerank_breaker(config: RerankConfig) -> CircuitBreaker:
     """该配置对应的断路器（不存在则创建）。"""
-    return _breakers.get(config.breaker_name, failure_threshold=config.failure_threshold,
-                         reset_timeout=config.reset_timeout, is_failure=counts_as_failure)
+    return _breakers.for_config(config, is_failure=counts_as_failure)
 
 
 def get_reranker(config: RerankConfig) -> GuardedReranker:
@@ -544,10 +539,7 @@ def get_reranker(config: RerankConfig) -> GuardedReranker:
 
     未注册的提供方名抛 ``ValueError``。
     """
-    factory = _FACTORIES.get(config.provider)
-    if factory is None:
-        raise ValueError(f"unknown rerank provider {config.provider!r}; "
-                         f"available: {', '.join(available_rerank_providers())}")
+    factory = _FACTORIES.lookup(config.provider)
     breaker = rerank_breaker(config)
     with _registry_lock:
         reranker = _rerankers.get(config)
