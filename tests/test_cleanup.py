@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 from django_q.models import Schedule
-from ops.tasks import run_cleanup
 
 from documents.models import Document, DocumentChunk
 from knowledge.models import CleanupTask, KnowledgeBase
 from ops import cleanup
+from ops.tasks import run_cleanup
 from tests.factories import add_documents
 
 pytestmark = pytest.mark.django_db

@@ -333,16 +333,33 @@ def test_backfill_reproduces_ingested_vectors(client_rw, kb_factory, run_on_comm
             cursor.execute("SELECT id, search_vector::text FROM document_chunks")
             return dict(cursor.fetchall())
 
-    ingested = vectors()
+    def lengths() -> dict[int, int]:
+        return dict(DocumentChunk.objects.values_list("id", "search_length"))
+
+    ingested, ingested_lengths = vectors(), lengths()
     DocumentChunk.objects.update(search_vector=None)
+    # 迁移用自己的冻结切词副本（documents/migrations/_frozen_analysis_0004.py）：当下它与摄取用的 raglib.analysis 一致
     migration = importlib.import_module("documents.migrations.0003_chunk_search_vector")
     with connection.schema_editor() as editor:
         updated = migration.backfill_search_vectors(django_apps, editor, batch_size=2)
     assert updated == len(ingested)
     backfilled = vectors()
     legacy = DocumentChunk.objects.get(chunk_index=999).id
-    assert backfilled.pop(legacy) == sql("SELECT %s::tsvector::text", [document_tsvector("手工写入的旧分块")])
-    ingested.pop(legacy)
-    assert backfilled == ingested  # 与摄取时算出的完全一致
+    legacy_vector = sql("SELECT %s::tsvector::text", [document_tsvector("手工写入的旧分块")])
+    assert backfilled.pop(legacy) == legacy_vector
+    assert backfilled == {k: v for k, v in ingested.items() if k != legacy}  # 与摄取时算出的完全一致
     with connection.schema_editor() as editor:
         assert migration.backfill_search_vectors(django_apps, editor) == 0  # 只处理空值，可重复执行
+
+    # 0004 重算全部分块的 tsvector 与词数：同样与摄取写入的一致
+    DocumentChunk.objects.update(search_vector=None, search_length=0)
+    recompute = importlib.import_module("documents.migrations.0004_chunk_search_length").recompute
+    with connection.schema_editor() as editor:
+        assert recompute(django_apps, editor, batch_size=2) == len(ingested)
+    recomputed, recomputed_lengths = vectors(), lengths()
+    assert recomputed.pop(legacy) == legacy_vector
+    assert recomputed_lengths.pop(legacy) == len(tokenize("手工写入的旧分块"))
+    ingested.pop(legacy)
+    ingested_lengths.pop(legacy)
+    assert recomputed == ingested
+    assert recomputed_lengths == ingested_lengths

@@ -23,13 +23,12 @@ from django_q.brokers import get_broker
 from django_q.models import Schedule
 from django_q.scheduler import scheduler
 from django_q.signals import pre_enqueue
-from ops.tasks import VECTOR_INDEX_SCHEDULE, run_cleanup
 
 from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import CleanupTask, KnowledgeBase
 from knowledge.services import knowledge_base_delete
 from ops import cleanup
-from ops.tasks import requeue_stale_cleanups
+from ops.tasks import VECTOR_INDEX_SCHEDULE, requeue_stale_cleanups, run_cleanup
 from search import ann
 from tests.factories import add_documents
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
-from ops.tasks import sync_vector_indexes
 
 from bench.scale_data import load_scale_data, query_vectors
 from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk, hnsw_index
 from knowledge.models import KnowledgeBase
+from ops.tasks import sync_vector_indexes
 from search import ann
 from search.retrieval import vector_search
 

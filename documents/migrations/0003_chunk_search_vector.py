@@ -1,11 +1,14 @@
-"""分块的全文索引列：加 tsvector 列，回填已有分块，再建 GIN 索引（先填数据再建索引，比逐行维护索引快）。"""
+"""分块的全文索引列：加 tsvector 列，回填已有分块，再建 GIN 索引（先填数据再建索引，比逐行维护索引快）。
+
+回填用 ``_frozen_analysis_0004`` 里冻结的切词代码，不导入应用代码（见那个模块的说明）。
+"""
 
 import django.contrib.postgres.indexes
 import django.contrib.postgres.search
 from django.conf import settings
 from django.db import migrations
 
-from raglib.analysis import chunk_titles, document_tsvector
+from ._frozen_analysis_0004 import chunk_terms
 
 BATCH_SIZE = 500
 
@@ -27,10 +30,8 @@ def backfill_search_vectors(apps, schema_editor, batch_size=BATCH_SIZE):
             return updated
         ids, vectors = [], []
         for chunk_id, text, metadata in rows:
-            meta = metadata if isinstance(metadata, dict) else {}
-            titles = chunk_titles(meta.get("filename") or "", meta.get("title"), meta.get("heading_path") or ())
             ids.append(chunk_id)
-            vectors.append(document_tsvector(text, titles, analyzer=settings.FULLTEXT_ANALYZER))
+            vectors.append(chunk_terms(text, metadata, settings.FULLTEXT_ANALYZER)[0])
         with schema_editor.connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} AS c SET search_vector = v.sv::tsvector "  # noqa: S608 - 表名来自模型元数据
