@@ -17,7 +17,6 @@ from ops.models import RateLimitBucket
 from ops.ratelimit import PostgresBucketStore, RedisBucketStore
 from tests.conftest import assert_error
 
-
 pytestmark = pytest.mark.process
 
 

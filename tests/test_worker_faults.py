@@ -28,7 +28,6 @@ from tests.conftest import assert_error
 from tests.test_documents_api import BID_TEXT, upload
 from tests.test_embedding_providers import FakeEmbeddingServer
 
-
 pytestmark = pytest.mark.process
 
 
