@@ -34,11 +34,10 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
+from bench.helpers import hostile_samples  # noqa: E402
 from documents import sandbox  # noqa: E402
-from raglib.parsing import ParseError  # noqa: E402
 from documents.sandbox import parse_isolated, parse_limits  # noqa: E402
-from tests import hostile_samples  # noqa: E402
-from tests.test_parsing import make_pdf  # noqa: E402
+from raglib.parsing import ParseError  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -52,12 +51,31 @@ def _bytes(name: str, data: bytes) -> Callable[[Path], Path]:
     return write
 
 
+def text_pdf(pages: list[str], *, encrypted: bool = False) -> bytes:
+    """每个字符串一页、带文字层的 PDF（fpdf2 的内置 Helvetica）。
+
+    ``encrypted`` 时按标准安全处理器用 RC4 加密，打开要用户密码 ``pw``。
+    """
+    from fpdf import FPDF
+    from fpdf.enums import EncryptionMethod
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=14)
+    for text in pages:
+        pdf.add_page()
+        pdf.cell(text=text)
+    if encrypted:
+        pdf.set_encryption(owner_password="owner", user_password="pw",  # noqa: S106 - 样例文件的密码
+                           encryption_method=EncryptionMethod.RC4)
+    return bytes(pdf.output())
+
+
 def parse_cases() -> dict[str, Callable[[Path], Path]]:
-    whole = make_pdf(["Tender requirements", "Second page"])
+    whole = text_pdf(["Tender requirements", "Second page"])
     return {
         "zero-byte.txt": _bytes("empty.txt", b""),
         "truncated.pdf": _bytes("cut.pdf", whole[: len(whole) // 2]),
-        "encrypted.pdf": _bytes("secret.pdf", make_pdf(["Confidential"], user="pw")),
+        "encrypted.pdf": _bytes("secret.pdf", text_pdf(["Confidential"], encrypted=True)),
         "pixel-bomb.png (20000x20000)": lambda d: hostile_samples.pixel_bomb_png(d / "bomb.png", side=20000),
         "zip-bomb.docx (400 MB XML)": lambda d: hostile_samples.zip_bomb_docx(d / "bomb.docx", megabytes=400),
         "zip-bomb.docx (40 MB XML)": lambda d: hostile_samples.zip_bomb_docx(d / "small-bomb.docx", megabytes=40),

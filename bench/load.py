@@ -1,7 +1,7 @@
 """负载与干扰：locust 无头模式对 127.0.0.1 上自己启动的服务（``manage.py serve``），有界的时长与速率。
 
     .venv/bin/pip install -e '.[bench]'            # locust 只在可选依赖里
-    # 需求 4 的完整一轮：5 万分块的目标库，20 RPS（90% 检索 / 10% 上传）持续 5 分钟
+    # 负载目标的完整一轮（见 bench/pages/load.md）：5 万分块的目标库，20 RPS（90% 检索 / 10% 上传）持续 5 分钟
     .venv/bin/python bench/load.py --chunks 50000 --rps 20 --mixed 300 --idle 60 --ingest 120
     # 2 核共享机器上的缩小版
     .venv/bin/python bench/load.py --chunks 5000 --rps 10 --mixed 60 --idle 30 --ingest 60

