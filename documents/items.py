@@ -262,7 +262,7 @@ def _reused(draft: ChunkDraft, reusable: dict[str, Any]) -> bool:
 
 
 def _record(results: Sequence[ItemResult], started: float) -> None:
-    """结果计数进指标，并记一行带耗时的日志（需求 8.4/8.5）。"""
+    """结果计数进指标，并记一行带耗时的日志（见 docs/INVARIANTS.md 的 STRUCTURED-LOGS）。"""
     counts: dict[str, int] = {}
     for result in results:
         counts[result.result] = counts.get(result.result, 0) + 1

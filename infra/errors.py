@@ -33,7 +33,8 @@ def is_api_path(path: str) -> bool:
 
 
 class ErrorCode:
-    """附录 B 的错误码，外加规范未列出但 API 会产生的通用码（README 中一并列出）。"""
+    """API 的全部错误码。错误码表（HTTP 状态与含义）在 README 的“错误格式与错误码”一节，
+    见 docs/INVARIANTS.md 的 ERROR-CODES。"""
 
     VALIDATION_ERROR = "VALIDATION_ERROR"
     KNOWLEDGE_BASE_NOT_FOUND = "KNOWLEDGE_BASE_NOT_FOUND"
@@ -48,7 +49,7 @@ class ErrorCode:
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
-    # 以下为附录 B 之外的通用码
+    # 以下是原始规范的错误码表之外、API 同样会产生的通用码（README 的表里一并列出）
     UNAUTHORIZED = "UNAUTHORIZED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     NOT_FOUND = "NOT_FOUND"

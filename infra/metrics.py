@@ -1,4 +1,4 @@
-"""Prometheus 指标（名称严格按需求 5.5）。
+"""Prometheus 指标（名称与类型是对外契约，见 docs/INVARIANTS.md 的 METRIC-NAMES）。
 
 多进程部署（gunicorn 多 worker + django-q2 worker）时，``manage.py serve`` 会设置
 ``PROMETHEUS_MULTIPROC_DIR``，计数器与直方图写入共享目录，由 ``/metrics`` 汇总；
@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.registry import REGISTRY, Collector
 
-# 覆盖 10ms 到 10s（需求 5.5）
+# 覆盖 10ms 到 10s（见 docs/INVARIANTS.md 的 METRIC-NAMES）
 HTTP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 HTTP_REQUESTS = Counter(

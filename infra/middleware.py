@@ -60,7 +60,7 @@ def oversize_request_response(request: HttpRequest) -> HttpResponse | None:
 class RequestContextMiddleware:
     """为每个请求生成 UUID v4 请求 ID，绑定到日志上下文，写入响应头，并记录访问日志与指标。
 
-    客户端自带的 X-Request-ID 不会被采用（规范要求由服务端生成），但会作为
+    客户端自带的 X-Request-ID 不会被采用（请求 ID 由服务端生成，见 docs/INVARIANTS.md 的 REQUEST-ID），但会作为
     ``upstream_request_id`` 记入日志，便于跨服务追踪。
     """
 

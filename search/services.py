@@ -1,7 +1,7 @@
 """检索服务：向量与全文两路并行召回 → RRF 融合 → 重排序（可降级）→ 父子块去重 → 截取 top_k。
 
-降级原则：任何一路失败都不让请求失败。向量路（查询向量化或 SQL）失败就只用全文结果，全文路失败
-（按需求记录日志并视为空结果）就只用向量结果，重排序不可用就保留融合顺序；每一种降级都会记日志、
+降级原则（见 docs/INVARIANTS.md 的 DEGRADE-ONE-PATH）：任何一路失败都不让请求失败。向量路（查询向量化或 SQL）
+失败就只用全文结果，全文路失败（记录错误日志并视为空结果）就只用向量结果，重排序不可用就保留融合顺序；每一种降级都会记日志、
 计入 ``search_degraded_total``，并写进 :attr:`SearchOutcome.degraded`（接口放在 ``X-Search-Degraded`` 头里）。
 """
 
@@ -211,7 +211,7 @@ def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
 def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, clock: _Clock) -> None:
     plan = search_plan(kb)
     if plan.estimate == 0:
-        return  # 没有已完成摄取的文档：空数组，而不是错误（需求 3.7）
+        return  # 没有已完成摄取的文档：空数组，而不是错误（见 docs/INVARIANTS.md 的 EMPTY-KB-EMPTY-RESULT）
     limit = candidate_count(request.top_k)
     depth = path_depth(request.top_k, request.mode)
     parsed = fulltext.parse_query(request.query, analyzer=settings.FULLTEXT_ANALYZER)
@@ -229,7 +229,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
         outcome.vector_method = vector_result.method
         outcome.embedding_cached = vector_result.cached
         if vector_result.failed and text_result is None:
-            # 只要向量的请求在向量路不可用时退回全文（需求：embedding 不可用则只做全文检索）
+            # 只要向量的请求在向量路不可用时退回全文（embedding 不可用则只做全文检索，见 DEGRADE-ONE-PATH）
             text_result = _fulltext_path(kb, parsed, request.filters, depth, clock)
 
     paths = {name: result for name, result in (("vector", vector_result), ("fulltext", text_result))
@@ -386,7 +386,7 @@ def _attach_parents(results: list[SearchResult]) -> None:
 
 
 def context_order(results: list[SearchResult]) -> list[SearchResult]:
-    """拼接上下文用的顺序（设计文档 Property 13）：先按文档（上传先后），再按文中位置
+    """拼接上下文用的顺序（见 docs/INVARIANTS.md 的 CONTEXT-ORDER）：先按文档（上传先后），再按文中位置
     （字符起点，父块与子块可比；其次分块序号）。"""
     return sorted(results, key=lambda r: (r.chunk.document_created, str(r.chunk.document_id),
                                           int(r.chunk.metadata.get("char_start", 0)), r.chunk.chunk_index))

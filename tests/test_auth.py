@@ -1,6 +1,6 @@
 """API key 鉴权：Bearer 头校验、密钥只存摘要、作用域与读写权限、校验顺序、管理命令与生产模式守卫。
 
-校验顺序遵循规范：存在性（404）→ 可用性（409 等）→ 权限（403）。
+校验顺序见 docs/INVARIANTS.md 的 ERROR-ORDER：存在性（404）→ 可用性（409 等）→ 权限（403）。
 """
 
 from __future__ import annotations

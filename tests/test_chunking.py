@@ -1,11 +1,7 @@
 """分块算法测试：hypothesis 属性测试 + 中文示例。不访问数据库。
 
-对应设计文档（规格 004）中与分块有关的正确性属性：
-- **Feature: v2-rag-migration, Property 4: Sentence Splitting Preserves Quoted Content**
-- **Feature: v2-rag-migration, Property 5: Adjacent Similarity Count**
-- **Feature: v2-rag-migration, Property 6: Semantic Cliff Detection Threshold**
-- **Feature: v2-rag-migration, Property 7: Chunk Size Constraint**
-（Property 8/14/15 是断路器与 embedding 提供方选择，不属于分块，由对应模块的测试覆盖。）
+对应 docs/INVARIANTS.md 中与分块有关的保证：QUOTE-INTACT、ADJACENT-SIM-COUNT、CLIFF-THRESHOLD、
+CHUNK-SIZE-LIMIT、CHUNK-COVERAGE、RECURSIVE-SPLIT、PARENT-CHILD-LINKAGE。
 """
 
 from __future__ import annotations
@@ -458,7 +454,7 @@ def test_heading_path_all_strategies(doc: GeneratedDoc, strategy: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# 句子切分（Property 4）
+# 句子切分（QUOTE-INTACT）
 # ---------------------------------------------------------------------------
 
 QUOTE_PAIRS = [("“", "”"), ("「", "」"), ("『", "』"), ("\u2018", "\u2019"), ('"', '"'), ("'", "'")]
@@ -486,7 +482,7 @@ def quoted_texts(draw: st.DrawFn) -> tuple[str, list[tuple[int, int]]]:
 @FAST
 @given(case=quoted_texts())
 def test_sentence_split_keeps_quotes_whole(case: tuple[str, list[tuple[int, int]]]) -> None:
-    """Feature: v2-rag-migration, Property 4: 引文（含其中的句末标点）整体落在同一个句子里。"""
+    """引文（含其中的句末标点）整体落在同一个句子里（见 docs/INVARIANTS.md 的 QUOTE-INTACT）。"""
     text, quotes = case
     spans = sentence_spans(text)
     for start, end in quotes:
@@ -524,7 +520,7 @@ def test_split_sentences_examples() -> None:
 
 
 # ---------------------------------------------------------------------------
-# 相似度与断崖（Property 5、6）
+# 相似度与断崖（ADJACENT-SIM-COUNT、CLIFF-THRESHOLD）
 # ---------------------------------------------------------------------------
 
 
@@ -537,7 +533,7 @@ def test_split_sentences_examples() -> None:
     )
 )
 def test_adjacent_similarity_count(vectors: np.ndarray) -> None:
-    """Feature: v2-rag-migration, Property 5: n 个句子恰好得到 n-1 个相似度。"""
+    """n 个句子恰好得到 n-1 个相似度（见 docs/INVARIANTS.md 的 ADJACENT-SIM-COUNT）。"""
     sims = adjacent_similarities(vectors)
     n = vectors.shape[0]
     assert sims.shape == (max(n - 1, 0),)
@@ -564,7 +560,7 @@ def reference_percentile(values: list[float], percentile: float) -> float:
     percentile=st.floats(0, 100, allow_nan=False),
 )
 def test_cliff_threshold_partition(sims: list[float], percentile: float) -> None:
-    """Feature: v2-rag-migration, Property 6: 断崖处相似度 ≤ 百分位阈值，非断崖处 > 阈值。"""
+    """断崖处相似度 ≤ 百分位阈值，非断崖处 > 阈值（见 docs/INVARIANTS.md 的 CLIFF-THRESHOLD）。"""
     threshold = cliff_threshold(sims, percentile)
     assert threshold == pytest.approx(reference_percentile(sims, percentile), abs=1e-12)
     cliffs = set(find_cliffs(sims, percentile))
@@ -588,7 +584,7 @@ def test_cliff_examples() -> None:
 
 
 # ---------------------------------------------------------------------------
-# 合并与强制切分（Property 7）
+# 合并与强制切分（CHUNK-SIZE-LIMIT）
 # ---------------------------------------------------------------------------
 
 
@@ -599,7 +595,7 @@ def test_cliff_examples() -> None:
     data=st.data(),
 )
 def test_merge_into_chunks_properties(counts: list[int], max_tokens: int, data: st.DataObject) -> None:
-    """Feature: v2-rag-migration, Property 7: 合并后每块不超上限；断崖处必切；其余切分都是被上限逼出来的。"""
+    """合并后每块不超上限；断崖处必切；其余切分都是被上限逼出来的（见 docs/INVARIANTS.md 的 CHUNK-SIZE-LIMIT）。"""
     n = len(counts)
     cliffs = data.draw(st.sets(st.integers(0, max(n - 2, 0)), max_size=n)) if n > 1 else set()
     groups = merge_into_chunks(counts, cliffs, max_tokens)
@@ -683,7 +679,8 @@ def test_semantic_splits_exactly_at_topic_changes(data: st.DataObject) -> None:
 @MEDIUM
 @given(doc=markdown_docs(), size=st.integers(12, 120), percentile=st.floats(0, 100))
 def test_semantic_strategy_properties(doc: GeneratedDoc, size: int, percentile: float) -> None:
-    """Feature: v2-rag-migration, Property 7: 语义块不超过 token 上限（超长句被强制切开）。"""
+    """语义块不超过 token 上限（超长句被强制切开），并覆盖全文（见 docs/INVARIANTS.md 的 CHUNK-SIZE-LIMIT、
+    CHUNK-COVERAGE）。"""
     markdown = doc.markdown
     options = ChunkingOptions.for_strategy("semantic", chunk_size=size, cliff_percentile=percentile)
     drafts = chunk_text(markdown, options, tokenizer=TK, embed=hash_embed)
@@ -695,7 +692,7 @@ def test_semantic_strategy_properties(doc: GeneratedDoc, size: int, percentile: 
 
 
 def test_semantic_forced_split_of_long_sentences() -> None:
-    """需求 2.5：超过上限时无视语义边界强制切分（含没有标点的超长句）。"""
+    """超过上限时无视语义边界强制切分（含没有标点的超长句；见 docs/INVARIANTS.md 的 CHUNK-SIZE-LIMIT）。"""
     markdown = "甲" + "招标文件规定投标人应当具备相应资质" * 20 + "。乙短句。"
     drafts = chunk_text(markdown, ChunkingOptions.for_strategy("semantic", chunk_size=32), tokenizer=TK,
                         embed=one_hot_topic_embed_safe)
@@ -750,7 +747,7 @@ def test_recursive_strategy_properties(text: str, size: int, data: st.DataObject
         assert nxt.start >= prev.start and nxt.end > prev.end
         assert max(0, prev.end - nxt.start) <= overlap
     if len(text.strip()) <= size:
-        assert [d.text for d in drafts] == [text.strip()]  # 需求 3.1：不超过上限的内容不分块
+        assert [d.text for d in drafts] == [text.strip()]  # 不超过上限的内容不分块（RECURSIVE-SPLIT）
 
 
 def test_recursive_prefers_paragraphs_then_sentences() -> None:

@@ -1,4 +1,5 @@
-"""断路器（需求 3；Property 8 与 17）：状态转换、并发探测、失败判定、指标。用假时钟，不睡眠。"""
+"""断路器（见 docs/INVARIANTS.md 的 BREAKER-STATES、BREAKER-COUNTS-FAILURES）：状态转换、并发探测、失败判定、指标。
+用假时钟，不睡眠。"""
 
 from __future__ import annotations
 
@@ -359,8 +360,8 @@ class ReferenceBreaker:
 )
 def test_breaker_matches_reference_model(sequence: list[tuple[str, object]], config: tuple[int, float],
                                          start: float) -> None:
-    """**Feature: v2-rag-migration, Property 8: Circuit Breaker State Transitions**
-    （以及 Property 17 的 3 次/20 秒变体）：任意调用与时间推进序列下，状态与参考模型一致，
+    """见 docs/INVARIANTS.md 的 BREAKER-STATES（embedding 的 5 次/30 秒与重排序的 3 次/20 秒两种配置）：
+    任意调用与时间推进序列下，状态与参考模型一致，
     open 且未到恢复时间时从不调用被保护的函数。"""
     threshold, timeout = config
     clock = FakeClock()

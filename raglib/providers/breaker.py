@@ -1,4 +1,6 @@
-"""断路器（需求 3，设计文档 Property 8/15/17）：保护 embedding、rerank 等外部或重量级调用。
+"""断路器：保护 embedding、rerank 等外部或重量级调用。
+
+不变量见 docs/INVARIANTS.md 的 BREAKER-STATES、BREAKER-COUNTS-FAILURES。
 
 状态机：
 

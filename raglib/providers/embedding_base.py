@@ -1,4 +1,6 @@
-"""embedding 提供方的接口（Protocol）、配置与异常（需求 3、7）。
+"""embedding 提供方的接口（Protocol）、配置与异常。
+
+不变量见 docs/INVARIANTS.md 的 EMBED-OUTPUT-CONTRACT。
 
 单独成模块：提供方实现（:mod:`raglib.providers.local_models`、:mod:`raglib.providers.http_embedding`）
 只依赖这里，:mod:`raglib.providers.embedding` 的注册表因此可以在模块顶层直接导入它们。

@@ -1,4 +1,6 @@
-"""重排序（rerank）提供方：接口、配置、内置提供方、保护层与进程内缓存（Property 16/17/18）。
+"""重排序（rerank）提供方：接口、配置、内置提供方、保护层与进程内缓存。
+
+不变量见 docs/INVARIANTS.md 的 RERANK-ORDER、RERANK-FALLBACK、RERANK-CACHE。
 
 - 提供方实现 :class:`RerankProvider`：``score(query, texts)`` 按输入顺序返回每个候选的分数。
   ``scores_are_probabilities`` 为假时分数是模型的原始 logit（任意实数），由保护层经 :func:`sigmoid`

@@ -72,7 +72,7 @@ def _filters(data: dict[str, Any]) -> SearchFilters:
 
 
 class SearchResultSerializer(serializers.Serializer):
-    """一条检索结果（需求 3.4 的字段，外加 chunk_id、metadata 与父块文本）。"""
+    """一条检索结果：规范的五个字段，外加 chunk_id、metadata 与父块文本（见 docs/INVARIANTS.md 的 RESULT-FIELDS）。"""
 
     chunk_id = serializers.IntegerField()
     chunk_text = serializers.CharField()
