@@ -1,5 +1,5 @@
 """端到端检索基准（``bench/e2e_search.py``）里不碰网络与数据库的部分：解析 ``Server-Timing``、算分位数与服务开销、
-汇总 py-spy 的采样。单独成模块，测试可以直接导入（``tests/test_e2e_report.py``）。"""
+汇总 py-spy 的采样。单独成模块，测试可以直接导入（``tests/bench/test_e2e_report.py``）。"""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+# resource、PIL、logging 的配置在解析子进程的函数里导入：只属于子进程。
 import json
 import math
 import os

@@ -42,6 +42,7 @@ def enqueue(func: str, *args: Any, **kwargs: Any) -> None:
     数据库行是任务的事实记录：若事务回滚，任务根本不该入队；若先入队后提交，worker
     可能读不到尚未提交的行。
     """
+    # django_q.tasks 导入时加载模型，而管道层在应用注册表就绪之前就会被导入：只能在调用时导入
     from django_q.tasks import async_task
 
     kwargs.setdefault(REQUEST_ID_KEY, current_request_id())

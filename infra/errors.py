@@ -15,9 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import structlog
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.db import InterfaceError, OperationalError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import permission_denied
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -100,8 +103,6 @@ def not_found(code: str, resource: str, field_name: str, resource_id: object) ->
 
 def request_too_large() -> ApplicationError:
     """请求体（JSON，或 multipart 里文件以外的字段）超过 RAG_MAX_REQUEST_BODY。"""
-    from django.conf import settings
-
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     return ApplicationError(
         ErrorCode.PAYLOAD_TOO_LARGE, f"Request body exceeds the maximum size of {limit} bytes", 413,
@@ -190,9 +191,6 @@ def is_database_unavailable(exc: BaseException) -> bool:
     Django 把驱动异常包装成 ``django.db.OperationalError`` / ``InterfaceError``；
     建立连接之前（如连接池、健康检查）也可能直接冒出 psycopg 的同名异常，一并识别。
     """
-    import psycopg
-    from django.db import InterfaceError, OperationalError
-
     return isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError)
 
 
@@ -241,9 +239,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status, headers=dict(exc.headers))
     if isinstance(exc, drf_exceptions.APIException):
         return _api_exception_response(exc)
-    from django.core.exceptions import PermissionDenied
-    from django.http import Http404
-
     if isinstance(exc, Http404):
         return _api_exception_response(drf_exceptions.NotFound())
     if isinstance(exc, PermissionDenied):

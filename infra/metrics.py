@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+# prometheus_client.multiprocess 在函数里导入：只在多进程模式（设置了 PROMETHEUS_MULTIPROC_DIR）时需要。
 import os
 from collections.abc import Iterable
 

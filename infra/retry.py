@@ -54,6 +54,7 @@ def schedule_task(func: str, object_id: str, *, attempt: int, delay_seconds: flo
     """安排 ``func(object_id, attempt=attempt, request_id=...)`` 在 delay 秒后执行（放进 queue 对应的
     django-q2 集群，默认主队列），返回执行时间。``timeout`` 是这次执行的秒数上限（默认集群的 ``timeout``），
     按 django-q2 的约定放在 kwargs 的 ``q_options`` 里，调度器入队时取出，不会传给 func。"""
+    # django_q 的模型只能在应用注册表就绪之后导入，而管道层更早就会被导入：在调用时导入
     from django_q.models import Schedule
 
     kwargs: dict[str, Any] = {"attempt": attempt, "request_id": request_id}

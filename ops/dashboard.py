@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
+from django_q.brokers import get_broker
 
 from documents.models import Document
 from knowledge.models import CleanupTask, KnowledgeBase
@@ -96,8 +97,6 @@ def _cleanups_in_progress() -> list[CleanupProgress]:
 
 def dashboard_figures(*, now: datetime | None = None) -> Dashboard:
     """管理后台首页的全部数字（约七次查询，与知识库数量无关）。"""
-    from django_q.brokers import get_broker
-
     now = now or timezone.now()
     failures, failures_total = _recent_failures(now - FAILURE_WINDOW)
     processing = Document.objects.filter(status=Document.Status.PROCESSING).aggregate(

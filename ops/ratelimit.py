@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+# redis 在函数里导入：只在配置了 RAG_REDIS_URL 时需要。
 import itertools
 import math
 from dataclasses import dataclass

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import structlog
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django_q.conf import Conf
+from django_q.status import Stat
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -90,9 +92,6 @@ def check_worker() -> CheckResult:
     只要求“至少一个”而不是“全部”：django-q2 回收（recycle）worker 时新进程要重新加载模型，
     要求全部会让 /ready 在正常运行中反复变成 503。
     """
-    from django_q.conf import Conf
-    from django_q.status import Stat
-
     if Conf.SYNC:
         return CheckResult("worker", True, "tasks run synchronously (RAG_QUEUE_SYNC=true)")
     clusters = [s for s in Stat.get_all() if s.status not in ("Stopped", "Stopping")]

@@ -80,6 +80,7 @@ def vector_index_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: 
 
 def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:
     """重新入队无人执行的清理任务，返回其 id 列表。"""
+    # 调用时才取 django_q.tasks.async_task：测试在模块上替换它来截获入队（见 tests 的 queued 列表）
     from django_q.tasks import async_task
 
     cutoff = timezone.now() - stale_after
@@ -114,6 +115,7 @@ def reap_stale_documents(*, stale_after: timedelta) -> list[str]:
     只看持有过租约的文档：排队等待 worker 的文档没有租约，它们没有死。收回租约用一条带条件的 UPDATE，
     与仍活着的执行者续期互斥——续上了就不收回；收回后那个执行者提交时核对令牌失败，结果作废。
     """
+    # 调用时才取 django_q.tasks.async_task：测试在模块上替换它来截获入队（见 tests 的 queued 列表）
     from django_q.tasks import async_task
 
     cutoff = timezone.now() - stale_after
@@ -168,6 +170,7 @@ def requeue_waiting_documents(*, stale_after: timedelta) -> list[str]:
     worker 从代理取走任务后、开始处理前被杀，任务要等代理的重投递（RAG_TASK_TIMEOUT + 60 秒）才会回来；
     这里让它们早些回到队列。重复入队无害：先到的那份处理文档，后到的看到已完成或租约在手就跳过。
     """
+    # 调用时才取 django_q.tasks.async_task：测试在模块上替换它来截获入队（见 tests 的 queued 列表）
     from django_q.tasks import async_task
 
     cutoff = timezone.now() - stale_after

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+# jieba、opencc、snowballstemmer 在函数里导入：词典加载要几秒，只在第一次切词时（或预热时）付这笔开销。
 import logging
 import re
 import threading

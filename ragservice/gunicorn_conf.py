@@ -53,6 +53,7 @@ def child_exit(server: Any, worker: Any) -> None:
 
 def post_worker_init(worker: Any) -> None:
     """预加载默认 embedding 模型、重排序模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
+    # gunicorn 在 Django 初始化之前加载本配置文件：用到 Django 的模块只能在 worker 初始化之后的钩子里导入
     from ops.warmup import load_models
 
     load_models(ocr=False, rerank=True)

@@ -2,7 +2,7 @@
 
 图片里的文字用测试引导脚本安装的 CJK 字体（fonts-wqy-zenhei）渲染，OCR 断言的是识别出的内容；
 PDF 既有带文字层（含内嵌图片）的页，也有只有扫描图的页。真实的第三方样例（../shared/data）
-只作为额外一层，见 test_shared_fixtures.py。
+只作为额外一层，见 tests/raglib/test_shared_fixtures.py。
 """
 
 from __future__ import annotations

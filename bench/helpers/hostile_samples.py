@@ -1,4 +1,4 @@
-"""恶意与畸形文件的生成器：实测脚本（bench/hostile_files.py）与测试（tests/test_hostile_files.py）共用。
+"""恶意与畸形文件的生成器：实测脚本（bench/hostile_files.py）与测试（tests/documents/test_hostile_files.py）共用。
 
 放在 bench/ 下，是因为 bench/ 不导入 tests/；测试从这里导入（``from bench.helpers import hostile_samples``）。
 

@@ -16,6 +16,7 @@ from typing import Any
 from django.db.backends.postgresql.client import DatabaseClient as PostgresDatabaseClient
 
 from infra.config import database_from_url
+from infra.embedded_db import ensure_embedded_database
 from infra.postgres_backend.base import DatabaseWrapper as PostgresDatabaseWrapper
 
 # 设置项里记录数据目录的键（conftest 会改 settings.DATA_DIR，这里必须记住启动时的那个）
@@ -29,8 +30,6 @@ def resolve_address(data_dir: str) -> dict[str, Any]:
     """确保内嵌服务器在运行，返回连接地址（USER/PASSWORD/HOST/PORT）；每个进程只真正检查一次。"""
     with _lock:
         if data_dir not in _resolved:
-            from infra.embedded_db import ensure_embedded_database
-
             parsed = database_from_url(ensure_embedded_database(Path(data_dir)))
             _resolved[data_dir] = {key: parsed[key] for key in _ADDRESS_KEYS}
         return _resolved[data_dir]

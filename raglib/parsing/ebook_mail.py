@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# markitdown 在函数里导入：较重，只有解析 EPUB / Outlook 邮件时才加载。
 import io
 from pathlib import Path
 

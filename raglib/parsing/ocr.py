@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+# OCR 引擎（rapidocr + onnxruntime、pytesseract）与 PIL 在函数里导入：很重且可选，只在选用该引擎时加载。
 import io
 import re
 import shutil

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+# PIL 在函数里导入：只有遇到图片时才需要。
 import hashlib
 import io
 from dataclasses import dataclass, field

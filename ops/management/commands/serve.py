@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from infra.embedded_db import ensure_embedded_database
 from ops.models import ApiKey
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -128,8 +129,6 @@ def child_env(metrics_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     # 子进程直接连已解析出的数据库地址，不必各自再检查内嵌服务器
     if not env.get("RAG_DATABASE_URL"):
-        from infra.embedded_db import ensure_embedded_database
-
         env["RAG_DATABASE_URL"] = ensure_embedded_database(Path(settings.DATA_DIR))
     # 多进程指标目录必须在每次启动时清空，否则会把上次运行的计数累加进来
     shutil.rmtree(metrics_dir, ignore_errors=True)

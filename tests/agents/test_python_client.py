@@ -13,7 +13,7 @@ import pytest
 from raglib.providers.breaker import CircuitOpenError
 from tests.conftest import FakeEmbedder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clients" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "python"))
 
 # 客户端是独立安装的包：测试直接从仓库里的源码目录导入
 from ragservice_client import (

@@ -98,5 +98,5 @@ def test_enough_cases_were_generated():
     operations = {label for label in CASES if not label.startswith("stateful ")}
     if len(operations) < len(list(schema.get_all_operations())) or not any(
             label.startswith("stateful ") for label in CASES):
-        pytest.skip("only part of tests/test_schemathesis.py ran")
+        pytest.skip("only part of tests/api/test_schemathesis.py ran")
     assert sum(CASES.values()) >= 1000, CASES

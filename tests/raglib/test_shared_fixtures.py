@@ -1,7 +1,7 @@
 """额外一层：真实的第三方样例文件（../shared/data/fixtures）的解析断言。
 
 这些文件不随仓库分发（CI 把 shared/ 检出在仓库旁边）；不存在时整个模块以一行说明跳过。
-同样的能力在 test_parsing.py 里用测试时生成的中文文档覆盖，裸克隆也能全部运行。
+同样的能力在 tests/raglib/test_parsing.py 里用测试时生成的中文文档覆盖，裸克隆也能全部运行。
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from raglib.parsing import OcrEngine, Segment, detect_format
+from tests.raglib.test_parsing import FakeOcr, assert_product_guide, parse, rapidocr, table_rows, tesseract
 from tests.shared_data import FIXTURES, skip_without_shared_data
-from tests.test_parsing import FakeOcr, assert_product_guide, parse, rapidocr, table_rows, tesseract
 
 skip_without_shared_data(FIXTURES)
 

@@ -1,6 +1,6 @@
 """中文全文检索构件（jieba 切法）：归一化、切词、tsvector / tsquery 字面量，真实 PostgreSQL 往返，摄取写入与迁移回填。
 
-默认的字 bigram 切法与 BM25 排序见 tests/test_bm25.py；这里固定 RAG_FULLTEXT_ANALYZER=jieba，
+默认的字 bigram 切法与 BM25 排序见 tests/search/test_bm25.py；这里固定 RAG_FULLTEXT_ANALYZER=jieba，
 保证可选的 jieba 切法行为不变。
 """
 
@@ -27,7 +27,7 @@ from raglib.analysis import (
     normalize,
     quote_lexeme,
 )
-from tests.test_documents_api import BID_TEXT, upload
+from tests.documents.test_api import BID_TEXT, upload
 
 # 本文件固定 jieba 切法：分析函数直接调用时传它，经服务的路径由 RAG_FULLTEXT_ANALYZER 设为它
 ANALYZER = "jieba"

@@ -23,8 +23,8 @@ from documents import sandbox
 from documents.models import Document, DocumentChunk
 from raglib.parsing import ParseError
 from raglib.parsing.limits import LimitExceeded, ParseLimits
-from tests.test_documents_api import upload
-from tests.test_parsing import make_pdf
+from tests.documents.test_api import upload
+from tests.raglib.test_parsing import make_pdf
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db]
 
@@ -164,7 +164,7 @@ def test_chunking_pathological_text_stays_in_linear_memory():
         "print(json.dumps(result))\n"
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
-                               cwd=Path(__file__).resolve().parent.parent)
+                               cwd=Path(__file__).resolve().parents[2])
     result = json.loads(completed.stdout)
     assert result["english"][0] > 2500 and result["english"][1] <= 512 and result["english"][2]
     assert result["chinese"][0] > 500 and result["chinese"][1] <= 512 and result["chinese"][2]

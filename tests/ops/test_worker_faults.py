@@ -1,6 +1,6 @@
 """worker 侧的故障：数据库在入库时断开、租约被收回、embedding 提供方出错/挂起/输出畸形、磁盘写满、
 快慢队列的分流，以及 qcluster / serve 的进程生命周期。都在本进程内完成，几秒钟跑完；真正停掉数据库、
-SIGKILL worker 的端到端场景见 test_fault_injection.py。"""
+SIGKILL worker 的端到端场景见 tests/ops/test_fault_injection.py。"""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from documents.services import document_upload
 from infra.locks import row_lease
 from raglib.providers.embedding import get_embedding_provider
 from tests.conftest import assert_error
-from tests.test_documents_api import BID_TEXT, upload
-from tests.test_embedding_providers import FakeEmbeddingServer
+from tests.documents.test_api import BID_TEXT, upload
+from tests.raglib.test_embedding_providers import FakeEmbeddingServer
 
 pytestmark = pytest.mark.process
 

@@ -49,7 +49,7 @@ def test_profile_ranks_request_frames_and_sets_model_and_idle_samples_aside() ->
         "psycopg/cursor.py:97) 6",
         f"{REQUEST};post ({ROOT}/search/api/views.py:51);dumps (/usr/lib/python3.11/json/__init__.py:231) 2",
         f"_bootstrap (threading.py:1002);_in_worker ({ROOT}/search/services.py:324);"
-        f"embed_query ({ROOT}/search/providers/e5_torch.py:80);forward (torch/nn/module.py:1) 10",
+        f"embed_query ({ROOT}/raglib/providers/e5_torch.py:80);forward (torch/nn/module.py:1) 10",
         "_bootstrap (threading.py:1002);select (/usr/lib/python3.11/selectors.py:468) 5",  # 空闲线程
         "garbage line",
     ]

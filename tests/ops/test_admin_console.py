@@ -19,8 +19,8 @@ from documents.models import Document, DocumentChunk
 from documents.stages import stage_progress
 from knowledge.models import CleanupTask, KnowledgeBase
 from ops.dashboard import dashboard_figures
-from tests.test_playground import URL as PLAYGROUND_URL
-from tests.test_playground import browser, shop
+from tests.search.test_playground import URL as PLAYGROUND_URL
+from tests.search.test_playground import browser, shop
 
 __all__ = ["browser", "shop"]  # 复用检索调试页测试的夹具
 

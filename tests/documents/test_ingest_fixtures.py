@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.documents.test_ingest_generated import ingest_and_check
 from tests.shared_data import FIXTURES, skip_without_shared_data
-from tests.test_ingest_generated import ingest_and_check
 
 skip_without_shared_data(FIXTURES)
 

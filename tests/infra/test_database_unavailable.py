@@ -1,7 +1,7 @@
 """数据库连不上时每个端点答 503 SERVICE_UNAVAILABLE + Retry-After（不是 500），恢复后自动好转。
 
 这里让本进程的连接指向一个不存在的 socket 目录：驱动真实地连接失败（与服务器停机时同样的异常），
-而测试库本身不受影响。真正停掉、再启动 PostgreSQL 的端到端场景见 test_fault_injection.py。
+而测试库本身不受影响。真正停掉、再启动 PostgreSQL 的端到端场景见 tests/ops/test_fault_injection.py。
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - 断言的是“解析出了什么”（正文、表格、OCR 文字、页码/工作表/幻灯片位置），不只是“没报错”；
 - 两个 OCR 引擎各自单独测（未安装则跳过），引擎按模块复用，避免重复加载模型；
-- 不需要数据库，也不需要仓库外的文件；真实第三方样例（../shared/data）的测试在 test_shared_fixtures.py。
+- 不需要数据库，也不需要仓库外的文件；真实第三方样例（../shared/data）的测试在 tests/raglib/test_shared_fixtures.py。
 """
 
 from __future__ import annotations

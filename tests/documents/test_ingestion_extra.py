@@ -11,8 +11,8 @@ from django.db import connection
 from django.urls import reverse
 
 from documents.models import Document, DocumentChunk
-from tests.test_documents_api import BID_TEXT, upload
-from tests.test_parsing import make_pdf
+from tests.documents.test_api import BID_TEXT, upload
+from tests.raglib.test_parsing import make_pdf
 
 pytestmark = pytest.mark.django_db
 

@@ -47,7 +47,7 @@ from tests.conftest import FakeClock
 from tests.fake_http import FakeJsonServer
 from tests.model_fixtures import tiny_reranker_model_dir  # noqa: F401
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from raglib.providers.breaker import BREAKER_STATE, CircuitBreaker, CircuitOpenError
 from tests.conftest import FakeClock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Boom(Exception):

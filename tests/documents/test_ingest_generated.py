@@ -13,8 +13,8 @@ import pytest
 from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
 from tests import sample_docs
+from tests.documents.test_api import upload
 from tests.sample_docs import BODY, PICTURE_LINES, SCAN_LINES
-from tests.test_documents_api import upload
 
 pytestmark = pytest.mark.django_db
 
