@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ from knowledge.models import KnowledgeBase
 from knowledge.selectors import usable_knowledge_base
 from raglib import analysis as fulltext
 from raglib.fusion import (
+    Fused,
     collapse_by,
     context_window,
     lexical_gate,
@@ -217,6 +218,61 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
     parsed = fulltext.parse_query(request.query, analyzer=settings.FULLTEXT_ANALYZER)
     outcome.query_type = parsed.type
 
+    while True:
+        paths, text_result = _retrieve(kb, request, outcome, clock, plan, parsed, depth)
+        if not paths:
+            return
+        with clock.stage("fuse"):
+            if len(paths) > 1:
+                outcome.fusion_weights = fusion_weights(text_result)
+            fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
+                             k=settings.RRF_K, weights=outcome.fusion_weights or None)
+            # 先读前 limit 个；其中有子块（父子分块的库）时才把其余的也读出来，供按父块凑满候选
+            chunks = load_chunks([f.key for f in fused[:limit]])
+            if any(chunk.role == "child" for chunk in chunks.values()):
+                chunks.update(load_chunks([f.key for f in fused[limit:]]))
+        # 父子分块：同一父块的子块最后只留一个，按分块数截断会让结果少于 top_k 个父块。候选改为“覆盖 limit 个
+        # 父块（普通分块各算一个）的最短前缀”；各路都取满了深度却还凑不够 top_k 个父块时，加倍深度再取一次
+        # （见 docs/INVARIANTS.md 的 PARENT-FILL）
+        exhausted = all(len(result.hits) < depth for result in paths.values())
+        if exhausted or depth >= MAX_PARENT_FILL_DEPTH or _groups(fused, chunks) >= request.top_k:
+            break
+        depth = min(depth * 2, MAX_PARENT_FILL_DEPTH)
+
+    with clock.stage("fuse"):
+        fused = _prefix_covering(fused, chunks, limit)
+        values = {name: {hit.chunk_id: hit.value for hit in result.hits} for name, result in paths.items()}
+        candidates = [
+            SearchResult(
+                chunk=chunks[f.key],
+                score=0.0,
+                vector_rank=f.ranks.get("vector"),
+                vector_similarity=_maybe(values.get("vector", {}).get(f.key), similarity_from_distance),
+                fulltext_rank=f.ranks.get("fulltext"),
+                fulltext_score=values.get("fulltext", {}).get(f.key),
+                fused_score=f.score,
+            )
+            for f in fused
+        ]
+        _calibrated_scores(candidates, paths)
+
+    if request.rerank and candidates:
+        _rerank(request.query, candidates, outcome, clock)
+        candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
+
+    # 同一父块的多个子块只留得分最高的一个（已按分数降序）
+    results = collapse_by(candidates, lambda r: _group(r.chunk))
+    if request.min_score is not None:
+        results = [r for r in results if r.score >= request.min_score]
+    results = results[:request.top_k]
+    if request.return_parent:
+        _attach_parents(results)
+    outcome.results = context_order(results) if request.order == "position" else results
+
+
+def _retrieve(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, clock: _Clock, plan: SearchPlan,
+              parsed: fulltext.ParsedQuery, depth: int) -> tuple[dict[str, _PathResult], _PathResult | None]:
+    """按方式跑一路或两路召回（两路并行），记录降级；返回可用的各路结果与全文一路（融合权重要用它）。"""
     vector_future: Future[_PathResult] | None = None
     if request.mode in ("hybrid", "vector"):
         vector_future = _executor.submit(_in_worker, _vector_path, kb, request, depth, plan, parsed.exclude)
@@ -234,47 +290,44 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
 
     paths = {name: result for name, result in (("vector", vector_result), ("fulltext", text_result))
              if result is not None and not result.failed}
+    degraded = []
     if vector_result is not None and vector_result.failed:
-        outcome.degraded.append("fulltext-only" if "fulltext" in paths else "no-retrieval")
+        degraded.append("fulltext-only" if "fulltext" in paths else "no-retrieval")
     if text_result is not None and text_result.failed:
-        outcome.degraded.append("vector-only" if "vector" in paths else "no-retrieval")
-    outcome.degraded = list(dict.fromkeys(outcome.degraded))
-    if not paths:
-        return
+        degraded.append("vector-only" if "vector" in paths else "no-retrieval")
+    outcome.degraded = list(dict.fromkeys(degraded))
+    return paths, text_result
 
-    with clock.stage("fuse"):
-        if len(paths) > 1:
-            outcome.fusion_weights = fusion_weights(text_result)
-        fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
-                         k=settings.RRF_K, weights=outcome.fusion_weights or None)[:limit]
-        values = {name: {hit.chunk_id: hit.value for hit in result.hits} for name, result in paths.items()}
-        chunks = load_chunks([f.key for f in fused])
-        candidates = [
-            SearchResult(
-                chunk=chunks[f.key],
-                score=0.0,
-                vector_rank=f.ranks.get("vector"),
-                vector_similarity=_maybe(values.get("vector", {}).get(f.key), similarity_from_distance),
-                fulltext_rank=f.ranks.get("fulltext"),
-                fulltext_score=values.get("fulltext", {}).get(f.key),
-                fused_score=f.score,
-            )
-            for f in fused if f.key in chunks  # 读取前被删除的分块直接跳过
-        ]
-        _calibrated_scores(candidates, paths)
 
-    if request.rerank and candidates:
-        _rerank(request.query, candidates, outcome, clock)
-        candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
+# 父子分块的库凑不满 top_k 个父块时每路最多取到这个深度（见 _run）：子块最多是父块的几倍，再深只是白读
+MAX_PARENT_FILL_DEPTH = 400
 
-    # 同一父块的多个子块只留得分最高的一个（已按分数降序）
-    results = collapse_by(candidates, lambda r: r.chunk.parent_id if r.chunk.role == "child" else None)
-    if request.min_score is not None:
-        results = [r for r in results if r.score >= request.min_score]
-    results = results[:request.top_k]
-    if request.return_parent:
-        _attach_parents(results)
-    outcome.results = context_order(results) if request.order == "position" else results
+
+def _group(chunk: ChunkRow) -> int:
+    """结果去重的组：子块归它的父块，其余分块各自一组（用负的分块 id，不会与父块 id 相撞）。"""
+    return chunk.parent_id if chunk.role == "child" and chunk.parent_id is not None else -chunk.chunk_id
+
+
+def _groups(fused: Sequence[Fused], chunks: dict[int, ChunkRow]) -> int:
+    return len({_group(chunks[f.key]) for f in fused if f.key in chunks})
+
+
+def _prefix_covering(fused: Sequence[Fused], chunks: dict[int, ChunkRow], groups: int) -> list[Fused]:
+    """融合顺序里覆盖 ``groups`` 个组的最短前缀（读取前被删除的分块直接跳过）。同组的子块都留着：
+    重排序可能让组里排在后面的子块胜出，去重在重排之后做。"""
+    seen: set[int] = set()
+    kept: list[Fused] = []
+    for f in fused:
+        chunk = chunks.get(f.key)
+        if chunk is None:
+            continue
+        group = _group(chunk)
+        if group not in seen:
+            if len(seen) == groups:
+                break
+            seen.add(group)
+        kept.append(f)
+    return kept
 
 
 def _maybe(value: float | None, convert: Callable[[float], float]) -> float | None:

@@ -221,6 +221,22 @@ def test_parent_child_collapses_and_returns_parent(client_rw: Any, kb_factory: A
     assert all("parent_text" not in i for i in without)
 
 
+@pytest.mark.parametrize("mode", ["fulltext", "vector", "hybrid"])
+def test_parent_child_fills_top_k_distinct_parents(client_rw: Any, kb_factory: Any, fake_embedder: Any,
+                                                  mode: str) -> None:
+    """PARENT-FILL：每个父块下有十来个同样匹配的子块时，按分块数截断的候选只覆盖两三个父块；
+    检索要取得更深，凑满 top_k 个不同的父块（库里有这么多时）。"""
+    kb = kb_factory(chunking={"strategy": "parent_child", "parent_size": 120, "chunk_size": 10, "overlap": 0})
+    body = "".join(f"月季修剪施肥第{i}节。" for i in range(150))
+    document = ingest_text(client_rw, kb, "rose.md", f"# 月季\n\n{body}")
+    parents = DocumentChunk.objects.filter(document=document, role="parent").count()
+    children = DocumentChunk.objects.filter(document=document, role="child").count()
+    assert parents >= 10 and children >= 6 * parents  # 每个父块下的子块远多于 top_k*3/父块数
+    items = search(client_rw, kb, "月季 修剪 施肥", mode=mode, top_k=10).json()
+    returned = [item["parent_chunk_id"] for item in items]
+    assert len(returned) == len(set(returned)) == 10
+
+
 def test_position_order_for_context_building(client_rw: Any, corpus: KnowledgeBase) -> None:
     items = search(client_rw, corpus, "月季 兰花 评标 pytest", top_k=20, order="position", mode="vector").json()
     documents = {d.id: d.created_at for d in Document.objects.filter(knowledge_base=corpus)}
