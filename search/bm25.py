@@ -1,9 +1,6 @@
-"""PostgreSQL 里的 BM25：知识库级统计与倒排表的读取、核对与重建，以及打分用到的纯函数。
+"""PostgreSQL 里的 BM25：知识库级统计与倒排表的读取、核对与重建。
 
-打分公式（Lucene 的 IDF，BM25F 式字段权重）::
-
-    score(d, q) = Σ_t  qtf_t · idf_t · tf_t·(k1+1) / (tf_t + k1·(1 - b + b·dl/avgdl))
-    idf_t = ln(1 + (N - df_t + 0.5) / (df_t + 0.5))
+打分公式见 :mod:`raglib.bm25`（打分用到的纯函数都在那里）。
 
 - ``tf_t``：词 t 在分块里的加权次数：正文出现一次记 1，标题部分（文件名、文档标题、标题路径）记
   ``RAG_BM25_TITLE_WEIGHT``；倒排表 ``fulltext_postings`` 分别存标题与正文的次数，权重在查询时才乘，改权重不用重建；
@@ -11,9 +8,9 @@
   ``fulltext_kb_stats`` 与 ``fulltext_term_stats``。三张表都由触发器在让分块可见/消失的同一事务里维护
   （见迁移 ``search.0001``），永远与分块一致。
 
-工作量有界：一个查询最多读 ``RAG_BM25_MAX_POSTINGS`` 行倒排，由 :func:`allot_postings` 分给各个查询词——稀有词整条
-读完，常见词平分剩下的额度。倒排表里同一词位的行按影响力（词频饱和项，见迁移 ``search.0002``）从高到低存放，
-常见词只读贡献最大的那一段：1M 分块的知识库里一个常见 bigram 有几十万行，读前几千行就够排出前几名，被截掉的
+工作量有界：一个查询最多读 ``RAG_BM25_MAX_POSTINGS`` 行倒排，由 :func:`raglib.bm25.allot_postings`
+分给各个查询词——稀有词整条读完，常见词平分剩下的额度。倒排表里同一词位的行按影响力（词频饱和项，
+见迁移 ``search.0002``）从高到低存放，常见词只读贡献最大的那一段：1M 分块的知识库里一个常见 bigram 有几十万行，读前几千行就够排出前几名，被截掉的
 行对分数的贡献既小（IDF 低）又是同一词里最小的。各词的 df 之和不超过额度时（小知识库、具体的问题）结果与
 全量打分完全相同。
 """
@@ -21,10 +18,8 @@
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -34,110 +29,6 @@ from raglib.analysis import QueryTerm, chunk_titles, document_terms
 
 # 只统计可检索的分块；与触发器里的条件一致
 _SEARCHABLE = "role <> 'parent'"
-
-
-@dataclass(frozen=True)
-class Bm25Params:
-    k1: float
-    b: float
-    title_weight: float
-
-
-
-@dataclass(frozen=True)
-class ScoredTerm:
-    """带统计的查询词：文档频率，以及 idf·qtf·(k1+1)（倒排行上的打分系数）。"""
-
-    term: QueryTerm
-    df: int
-    idf: float
-    weight: float
-
-
-@dataclass(frozen=True)
-class TermRead:
-    """一个查询词要读的倒排：影响力最高的 ``rows`` 行（等于 df 时整条读完）。"""
-
-    scored: ScoredTerm
-    rows: int
-
-    @property
-    def truncated(self) -> bool:
-        return self.rows < self.scored.df
-
-
-def idf(df: int, n: int) -> float:
-    """Lucene 的 BM25 IDF，总是正数：极常见的词接近 0，但不会变成负分。"""
-    df = min(max(df, 0), n)
-    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-
-
-def score_terms(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int,
-                params: Bm25Params) -> list[ScoredTerm]:
-    """按 IDF 从高到低（同 IDF 按词位）排好的查询词；知识库里没有的词（df=0）丢掉：它不会命中任何分块。"""
-    scored = []
-    for term in terms:
-        df = dfs.get((term.lexeme, term.prefix), 0)
-        if df <= 0:
-            continue
-        weight = idf(df, n) * term.count
-        scored.append(ScoredTerm(term, df, weight, weight * (params.k1 + 1)))
-    scored.sort(key=lambda s: (-s.idf, s.term.lexeme))
-    return scored
-
-
-def max_score(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int, k1: float) -> float:
-    """一个分块在这个查询上可能得到的最高 BM25 分（每个词都饱和）；库里没有的词按 df=0 的最大 IDF 计入，
-    所以只匹配了零星几个词的结果，分数相对它也低。"""
-    if n <= 0:
-        return 0.0
-    return sum(idf(dfs.get((t.lexeme, t.prefix), 0), n) * t.count for t in terms) * (k1 + 1)
-
-
-def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int) -> float:
-    """查询的 IDF 质量里、知识库中真有的那部分所占比例（0~1）：全文这一路“听懂了”多少查询。
-
-    没出现过的词按 df=0 的最大 IDF 计入分母。用另一种语言提问（英文问题查中文库）时，只有人名、数字等少数词
-    能在库里找到，比例很低；用库里的语言提问时接近 1。融合按它调低全文一路的权重（见 raglib.fusion）。
-    """
-    if n <= 0 or not terms:
-        return 0.0
-    total = matched = 0.0
-    for term in terms:
-        df = dfs.get((term.lexeme, term.prefix), 0)
-        weight = idf(df, n) * term.count
-        total += weight
-        matched += weight if df > 0 else 0.0
-    return matched / total if total > 0 else 0.0
-
-
-def allot_postings(terms: Sequence[ScoredTerm], budget: int) -> list[TermRead]:
-    """把 ``budget`` 行倒排分给按 IDF 从高到低排好的查询词（按 IDF 加权“注水”）：每个词至多分到剩余额度里
-    按它的 IDF 占剩余各词 IDF 之和的那一份，用不完的（df 更小）留给后面更常见的词。
-
-    按 IDF 加权是因为一行倒排对分数的贡献与 IDF 成正比：同样截断，IDF 越低的词丢掉的分数越少。
-    前缀词（孤立的单字）是一段词位范围，不能按影响力截断：整段读得起（df 即那一段的行数）才读，读不起就跳过，
-    额度留给后面的词。至少读一个词，只含常见词的查询也有结果：一个都读不起时读最稀有的那个，最多读满额度
-    （前缀词此时只读那一段的一部分，见 search.retrieval 里前缀那一支）。
-    """
-    reads: list[TermRead] = []
-    remaining = budget
-    weight_left = sum(term.idf for term in terms)
-    for term in terms:
-        if remaining <= 0:
-            break
-        share = max(int(remaining * term.idf / weight_left), 1) if weight_left > 0 else remaining
-        weight_left -= term.idf
-        if term.df <= share:
-            reads.append(TermRead(term, term.df))
-        elif not term.term.prefix:
-            reads.append(TermRead(term, share))
-        else:
-            continue  # 前缀词截不断，读不起就跳过
-        remaining -= reads[-1].rows
-    if not reads and terms:
-        reads.append(TermRead(terms[0], min(terms[0].df, max(budget, 1))))
-    return reads
 
 
 # ---------------------------------------------------------------- 统计：读取、重算、核对

@@ -20,6 +20,7 @@ from documents.models import Document
 from infra.routers import search_connection
 from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
 from raglib.analysis import ParsedQuery
+from raglib.bm25 import Bm25Params, allot_postings, coverage, max_score, score_terms
 from search import ann, bm25
 
 
@@ -120,7 +121,7 @@ def vector_literal(vector: np.ndarray) -> str:
 
 @dataclass(frozen=True)
 class FulltextHits:
-    """全文一路的结果：命中，以及查询的 IDF 质量在本库中出现的比例（``bm25.coverage``，融合用来调权重）。"""
+    """全文一路的结果：命中，以及查询的 IDF 质量在本库中出现的比例（``raglib.bm25.coverage``，融合用来调权重）。"""
 
     hits: list[PathHit]
     coverage: float
@@ -137,10 +138,10 @@ def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilter
     if not query.tsquery:
         return FulltextHits([], 0.0)
     n, avgdl, dfs = bm25.load_statistics(kb.id, query.terms)
-    cover = bm25.coverage(query.terms, dfs, n)
+    cover = coverage(query.terms, dfs, n)
     if settings.FULLTEXT_RANKING == "ts_rank_cd":
         return FulltextHits(_ts_rank_cd_search(kb, query, filters, limit), cover)
-    scale = bm25.max_score(query.terms, dfs, n, settings.BM25_K1)
+    scale = max_score(query.terms, dfs, n, settings.BM25_K1)
     return FulltextHits(_bm25_search(kb, query, filters, limit, n, avgdl, dfs), cover, scale)
 
 
@@ -173,12 +174,12 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
                  n: int, avgdl: float, dfs: dict[tuple[str, bool], int]) -> list[PathHit]:
     """BM25（见 :mod:`search.bm25`）：倒排表上按 (分块, 查询词) 汇总加权词频，再按分块求和。
 
-    每个查询词读 :func:`search.bm25.allot_postings` 分给它的行数：影响力最高的那一段（倒排主键按影响力排序）。
+    每个查询词读 :func:`raglib.bm25.allot_postings` 分给它的行数：影响力最高的那一段（倒排主键按影响力排序）。
     前缀词（孤立的单字，``'肝':*``）是一段词位范围，整段读：先把同一查询词在一个分块里命中的各词位的词频相加，
     再做饱和，与 tsquery 的前缀匹配一致。非 plain 查询（短语、布尔、exact）另外要求分块满足 tsquery。
     """
-    params = bm25.Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
-    reads = bm25.allot_postings(bm25.score_terms(query.terms, dfs, n, params), settings.BM25_MAX_POSTINGS)
+    params = Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
+    reads = allot_postings(score_terms(query.terms, dfs, n, params), settings.BM25_MAX_POSTINGS)
     if not reads:
         return []  # 没有一个查询词出现在这个知识库里
     lows = [r.scored.term.lexeme for r in reads]

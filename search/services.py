@@ -129,7 +129,7 @@ class _PathResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     method: str | None = None
     cached: bool | None = None
-    # 全文一路：查询的 IDF 质量在本库中出现的比例（见 search.bm25.coverage），以及把分数折成 0~1 的除数
+    # 全文一路：查询的 IDF 质量在本库中出现的比例（见 raglib.bm25.coverage），以及把分数折成 0~1 的除数
     coverage: float | None = None
     scale: float = 1.0
 

@@ -24,6 +24,7 @@ from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_delete
 from raglib import analysis
+from raglib import bm25 as raglib_bm25
 from raglib.analysis import ParsedQuery
 from search import bm25
 from search.retrieval import fulltext_search
@@ -131,32 +132,32 @@ def test_prefix_term_beyond_the_budget_is_read_in_part(medical: KnowledgeBase, s
     assert {h.chunk_id for h in part} <= {h.chunk_id for h in whole}
 
 
-def _scored(df: int, lexeme: str, prefix: bool = False, idf: float = 1.0) -> bm25.ScoredTerm:
+def _scored(df: int, lexeme: str, prefix: bool = False, idf: float = 1.0) -> raglib_bm25.ScoredTerm:
     from raglib.analysis import QueryTerm
 
-    return bm25.ScoredTerm(QueryTerm(lexeme, prefix=prefix), df, idf, idf)
+    return raglib_bm25.ScoredTerm(QueryTerm(lexeme, prefix=prefix), df, idf, idf)
 
 
 def test_allot_postings_reads_rare_terms_whole_and_splits_the_rest() -> None:
     terms = [_scored(10, "a"), _scored(500, "b"), _scored(5000, "c"), _scored(90000, "d")]
-    reads = bm25.allot_postings(terms, 3000)
+    reads = raglib_bm25.allot_postings(terms, 3000)
     # a 整条读完；剩下 2990 平分给 3 个词：b 的 500 用不完，余量留给 c、d
     assert [(r.scored.term.lexeme, r.rows, r.truncated) for r in reads] == [
         ("a", 10, False), ("b", 500, False), ("c", 1245, True), ("d", 1245, True)]
     assert sum(r.rows for r in reads) <= 3000
     # 截断的额度按 IDF 分：贡献大的词读得更深
-    weighted = bm25.allot_postings([_scored(5000, "c", idf=3.0), _scored(9000, "d", idf=1.0)], 2000)
+    weighted = raglib_bm25.allot_postings([_scored(5000, "c", idf=3.0), _scored(9000, "d", idf=1.0)], 2000)
     assert [(r.scored.term.lexeme, r.rows) for r in weighted] == [("c", 1500), ("d", 500)]
 
 
 def test_allot_postings_skips_prefix_terms_it_cannot_afford() -> None:
     terms = [_scored(10, "a"), _scored(4000, "肝", prefix=True), _scored(9000, "c")]
     # 读不起的前缀词跳过，它那份额度留给后面的词
-    assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(terms, 3000)] == [("a", 10), ("c", 2990)]
+    assert [(r.scored.term.lexeme, r.rows) for r in raglib_bm25.allot_postings(terms, 3000)] == [("a", 10), ("c", 2990)]
     # 只有前缀词且一个也读不起：仍读最稀有的那个，但最多读满额度（工作量有界）
     only = [_scored(4000, "肝", prefix=True)]
-    assert [(r.scored.term.lexeme, r.rows) for r in bm25.allot_postings(only, 100)] == [("肝", 100)]
-    assert bm25.allot_postings([], 100) == []
+    assert [(r.scored.term.lexeme, r.rows) for r in raglib_bm25.allot_postings(only, 100)] == [("肝", 100)]
+    assert raglib_bm25.allot_postings([], 100) == []
 
 
 @pytest.mark.django_db
@@ -207,11 +208,11 @@ def test_coverage_function() -> None:
     from raglib.analysis import QueryTerm
 
     terms = [QueryTerm("a"), QueryTerm("b", count=2)]
-    assert bm25.coverage(terms, {("a", False): 5, ("b", False): 5}, 10) == pytest.approx(1.0)
-    assert bm25.coverage(terms, {}, 10) == 0.0
-    partial = bm25.coverage(terms, {("a", False): 1}, 10)
+    assert raglib_bm25.coverage(terms, {("a", False): 5, ("b", False): 5}, 10) == pytest.approx(1.0)
+    assert raglib_bm25.coverage(terms, {}, 10) == 0.0
+    partial = raglib_bm25.coverage(terms, {("a", False): 1}, 10)
     assert 0 < partial < 1
-    assert bm25.coverage([], {}, 10) == 0.0
+    assert raglib_bm25.coverage([], {}, 10) == 0.0
 
 
 # ---------------------------------------------------------------- 统计永远精确（hypothesis）
