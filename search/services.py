@@ -15,6 +15,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 import structlog
 from django.conf import settings
 from django.db import close_old_connections, transaction
@@ -40,19 +41,21 @@ from raglib.scoring import (
     fulltext_score,
     hybrid_score,
     match_ratio,
-    non_increasing,
     vector_score,
 )
 from search.query_embeddings import embed_query
 from search.rerankers import configured_reranker
 from search.retrieval import (
+    Bm25Statistics,
     ChunkRow,
     PathHit,
     SearchPlan,
+    fulltext_scores,
     fulltext_search,
     load_chunks,
     load_parents,
     search_plan,
+    vector_distances,
     vector_search,
 )
 
@@ -132,6 +135,9 @@ class _PathResult:
     # 全文一路：查询的 IDF 质量在本库中出现的比例（见 raglib.bm25.coverage），以及把分数折成 0~1 的除数
     coverage: float | None = None
     scale: float = 1.0
+    statistics: Bm25Statistics | None = None
+    # 向量一路：查询向量（给全文一路独有的候选补余弦相似度）
+    query_vector: np.ndarray | None = None
 
 
 class _Clock:
@@ -254,7 +260,10 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
             )
             for f in fused
         ]
+        _complete_evidence(kb, parsed, candidates, paths)
         _calibrated_scores(candidates, paths)
+        # 融合决定候选集合，排序按每条结果自己的相关概率：分数随名次不增，而且不借用别的结果的分数
+        candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
 
     if request.rerank and candidates:
         _rerank(request.query, candidates, outcome, clock)
@@ -334,11 +343,32 @@ def _maybe(value: float | None, convert: Callable[[float], float]) -> float | No
     return None if value is None else convert(value)
 
 
+def _complete_evidence(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, candidates: list[SearchResult],
+                       paths: dict[str, _PathResult]) -> None:
+    """两路都参与时，给每个候选补上它在另一路的真实证据：全文一路独有的候选算出余弦相似度，向量一路独有的
+    候选算出完整的 BM25 分（见 docs/INVARIANTS.md 的 EVIDENCE-OWN）。名单外的候选不再借用名单末尾那条的值。"""
+    vector, text = paths.get("vector"), paths.get("fulltext")
+    if vector is None or text is None:
+        return
+    no_vector = [c.chunk.chunk_id for c in candidates if c.vector_similarity is None]
+    if no_vector and vector.query_vector is not None:
+        distances = vector_distances(kb, vector.query_vector, no_vector)
+        for c in candidates:
+            if c.vector_similarity is None and c.chunk.chunk_id in distances:
+                c.vector_similarity = similarity_from_distance(distances[c.chunk.chunk_id])
+    no_text = [c.chunk.chunk_id for c in candidates if c.fulltext_score is None]
+    if no_text and text.statistics is not None:
+        scores = fulltext_scores(parsed, no_text, text.statistics)
+        for c in candidates:
+            if c.fulltext_score is None:
+                c.fulltext_score = scores.get(c.chunk.chunk_id, 0.0)
+
+
 def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult]) -> None:
     """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`raglib.scoring`）。
 
-    两路都参与时，某一路没找到的结果用那一路列表最末一条的值作它的证据（真实值不会更高），
-    分数再沿融合顺序取累计最小值。
+    每条结果只用它自己的证据（:func:`_complete_evidence` 补齐了另一路的真实值）；补不出来的（ts_rank_cd 排序、
+    分块没有向量）按没有这一路的证据（0）计，不借用别的结果的值。
     """
     calibration = calibration_from_settings()
     text = paths.get("fulltext")
@@ -351,17 +381,9 @@ def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathRes
                                if candidate.vector_similarity is not None
                                else fulltext_score(candidate.fulltext_unit or 0.0, calibration))
         return
-    vector_hits, text_hits = paths["vector"].hits, paths["fulltext"].hits
-    vector_floor = similarity_from_distance(vector_hits[-1].value) if vector_hits else 0.0
-    text_floor = match_ratio(text_hits[-1].value, paths["fulltext"].scale) if text_hits else 0.0
-    scores = []
     for c in candidates:
-        similarity = vector_floor if c.vector_similarity is None else c.vector_similarity
-        unit = text_floor if c.fulltext_unit is None else c.fulltext_unit
-        c.evidence = (similarity, unit)
-        scores.append(hybrid_score(similarity, unit, calibration))
-    for candidate, score in zip(candidates, non_increasing(scores), strict=True):
-        candidate.score = score
+        c.evidence = (c.vector_similarity or 0.0, c.fulltext_unit or 0.0)
+        c.score = hybrid_score(*c.evidence, calibration)
 
 
 def _rerank(query: str, candidates: list[SearchResult], outcome: SearchOutcome, clock: _Clock) -> None:
@@ -397,6 +419,7 @@ def _vector_path(kb: KnowledgeBase, request: SearchRequest, limit: int, plan: Se
     try:
         with clock.stage("embed"):
             vector, result.cached = embed_query(kb.embedding_provider, kb.embedding_model, request.query)
+            result.query_vector = vector
         with clock.stage("vector"):
             result.hits, result.method = vector_search(kb, vector, request.filters, limit, plan=plan,
                                                        exclude=exclude)
@@ -417,6 +440,7 @@ def _fulltext_path(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, filters: Sea
         with clock.stage("fulltext"), savepoint:
             found = fulltext_search(kb, parsed, filters, limit)
         result.hits, result.coverage, result.scale = found.hits, found.coverage, found.scale
+        result.statistics = found.statistics
     except Exception as exc:
         result.failed = True
         logger.error("search_path_failed", path="fulltext", error=str(exc), error_type=type(exc).__name__,

@@ -237,6 +237,23 @@ def test_parent_child_fills_top_k_distinct_parents(client_rw: Any, kb_factory: A
     assert len(returned) == len(set(returned)) == 10
 
 
+def test_a_single_fulltext_hit_cannot_lift_vector_only_results(corpus: KnowledgeBase) -> None:
+    """EVIDENCE-OWN：全文一路只命中一个分块时，向量一路独有的结果用它们自己的全文证据（0：一个查询词都没有），
+    不再借用那唯一命中的匹配程度；每条结果的分数只由它自己的两路证据决定，结果按分数降序。"""
+    calibration = services.calibration_from_settings()
+    outcome = services.search(corpus, services.SearchRequest(query="评标 综合评分", top_k=10, mode="hybrid",
+                                                             rerank=False))
+    results = outcome.results
+    assert len(results) > 1 and sum(r.fulltext_rank is not None for r in results) == 1
+    for result in results:
+        similarity, unit = result.evidence
+        assert result.score == pytest.approx(services.hybrid_score(similarity, unit, calibration))
+        if result.fulltext_rank is None:
+            assert unit == 0.0 and result.fulltext_score == 0.0
+            assert result.score <= 0.2
+    assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+
+
 def test_position_order_for_context_building(client_rw: Any, corpus: KnowledgeBase) -> None:
     items = search(client_rw, corpus, "月季 兰花 评标 pytest", top_k=20, order="position", mode="vector").json()
     documents = {d.id: d.created_at for d in Document.objects.filter(knowledge_base=corpus)}

@@ -27,7 +27,7 @@ from raglib import analysis
 from raglib import bm25 as raglib_bm25
 from raglib.analysis import ParsedQuery
 from search import bm25
-from search.retrieval import fulltext_search
+from search.retrieval import fulltext_scores, fulltext_search
 
 
 def parse_query(query: str) -> ParsedQuery:
@@ -107,6 +107,20 @@ def test_sql_scores_equal_python_bm25(medical: KnowledgeBase, query: str) -> Non
     for hit in found:
         assert hit.value == pytest.approx(expected[hit.chunk_id], rel=1e-4)
     assert [hit.value for hit in found] == sorted((hit.value for hit in found), reverse=True)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("query", ["高血压能吃党参吗", "乙肝 肝功能 复查", "hypertension blood pressure", "肝"])
+def test_scores_from_chunk_terms_equal_the_postings_scores(medical: KnowledgeBase, query: str) -> None:
+    """EVIDENCE-OWN：给名单外候选补分数用的 fulltext_scores（由分块自己的 tsvector 算）与倒排表上的 SQL 打分一致；
+    一个查询词都没有的分块为 0。"""
+    parsed = parse_query(query)
+    found = fulltext_search(medical, parsed, SearchFilters(), limit=50)
+    every = list(DocumentChunk.objects.filter(knowledge_base=medical).values_list("id", flat=True))
+    scores = fulltext_scores(parsed, every, found.statistics)
+    listed = {hit.chunk_id: hit.value for hit in found.hits}
+    for chunk_id, score in scores.items():
+        assert score == pytest.approx(listed.get(chunk_id, 0.0), rel=1e-4, abs=1e-9)
 
 
 @pytest.mark.django_db
