@@ -180,13 +180,19 @@ def parse_step(run: Run) -> ParsedDocument:
     return parsed
 
 
-def chunk_step(run: Run, parsed: ParsedDocument, provider: EmbeddingProvider) -> list[ChunkDraft]:
-    """按知识库默认与本文档覆盖的参数分块。"""
-    options: ChunkingOptions = chunking_options(run.kb.chunking, run.document.chunking)
+def draft_chunks(kb: KnowledgeBase, chunking: dict[str, Any], markdown: str,
+                 provider: EmbeddingProvider) -> list[ChunkDraft]:
+    """按知识库默认与文档覆盖的参数（``chunking``）把解析出的 Markdown 分块。摄取与评测的向量预计算共用。"""
+    options: ChunkingOptions = chunking_options(kb.chunking, chunking)
     tokenizer = Tokenizer.load(settings.TOKENIZER or None)
     embed = provider.embed_documents if options.strategy == "semantic" else None
+    return chunk_text(markdown, options, tokenizer=tokenizer, embed=embed)
+
+
+def chunk_step(run: Run, parsed: ParsedDocument, provider: EmbeddingProvider) -> list[ChunkDraft]:
+    """按知识库默认与本文档覆盖的参数分块。"""
     with run.stage("chunk"):
-        drafts = chunk_text(parsed.markdown, options, tokenizer=tokenizer, embed=embed)
+        drafts = draft_chunks(run.kb, run.document.chunking, parsed.markdown, provider)
     if not drafts:
         raise IngestionFailure("chunk", "The document contains no text to index", transient=False)
     return drafts

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from documents.ingestion import text_hash
+from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
 from raglib.evaluation.dataset import DatasetError, load_dataset, read_qrels
 from raglib.evaluation.metrics import (
@@ -20,6 +22,7 @@ from raglib.evaluation.metrics import (
     percentile,
     recall_at_k,
 )
+from search.evaluation.runner import embedding_inputs
 
 # ---------------------------------------------------------------- 指标（手算）
 
@@ -168,6 +171,35 @@ def test_evaluate_document_level_keep_and_reuse(tmp_path: Path, fake_embedder: A
     assert report["modes"]["fulltext"]["queries"] == 5 and report["ingest_seconds"] == 0.0
     assert report["modes"]["fulltext"]["recall@10"] == 1.0
     assert KnowledgeBase.objects.filter(pk=kb.pk, status="enabled").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("heading_context", [False, True])
+def test_prefill_embeds_exactly_the_chunks_ingestion_embeds(tmp_path: Path, fake_embedder: Any, settings: Any,
+                                                           heading_context: bool) -> None:
+    """文档级评测只预算摄取真正会送去 embedding 的文本（流水线自己的解析、分块与 embedding_input），
+    不再把整篇文档与正文各算一遍。"""
+    settings.EMBED_HEADING_CONTEXT = heading_context
+    root = _write_dataset(tmp_path / "tiny")
+    call_command("evaluate", str(root), "--level", "document", "--modes", "fulltext", "--keep",
+                 "--chunking", "recursive", "--no-progress")
+    kb = KnowledgeBase.objects.get(status="enabled")
+    dataset = load_dataset(root, "document")
+    bodies = [(unit, f"# {unit.title}\n\n{unit.text}" if unit.title else unit.text) for unit in dataset.units]
+    planned = sorted(text_hash(text) for text in embedding_inputs(kb, bodies, fake_embedder))
+    stored = sorted(DocumentChunk.objects.filter(knowledge_base=kb).exclude(role="parent")
+                    .values_list("text_hash", flat=True))
+    assert planned == stored and len(stored) >= len(dataset.units)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_progress_still_prints_each_stage(tmp_path: Path, fake_embedder: Any, capsys: Any) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    call_command("evaluate", str(root), "--modes", "fulltext", "--no-progress")
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("摄取：6 项") for line in lines)
+    assert any(line.startswith("摄取：完成") for line in lines)
+    assert any(line.startswith("fulltext：完成") for line in lines)
 
 
 @pytest.mark.django_db

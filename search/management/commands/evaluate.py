@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,18 @@ from raglib.evaluation.dataset import DatasetError, Query, load_dataset, read_qu
 from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, compare_reports, run_evaluation
 
 ALL_MODES = (*MODES, REFERENCE_MODE)
+
+
+def _stage_lines(stream: Any) -> Any:
+    """``--no-progress``：不画进度条（日志文件里不好看），但每个阶段开始、结束各打一行，长评测不会一小时没有输出。"""
+
+    def progress(items: Sequence[Any], description: str) -> Iterator[Any]:
+        stream.write(f"{description}：{len(items)} 项……")
+        started = time.monotonic()
+        yield from items
+        stream.write(f"{description}：完成（{time.monotonic() - started:.0f} s）")
+
+    return progress
 
 
 def _progress(items: Sequence[Any], description: str) -> Any:
@@ -83,7 +96,7 @@ class Command(BaseCommand):
                                   query_sets=query_sets, cache_query_embeddings=options["cache_query_embeddings"])
         self.stderr.write(f"{dataset.name}：{len(dataset.units)} 个{'段落' if dataset.level == 'passage' else '文档'}，"
                           f"{len(dataset.queries)} 个问题，方式 {', '.join(modes)}")
-        progress = (lambda items, _description: items) if options["no_progress"] else _progress
+        progress = _stage_lines(self.stderr) if options["no_progress"] else _progress
         report = run_evaluation(dataset, config, progress, kb=kb)
         if options["output"]:
             options["output"].parent.mkdir(parents=True, exist_ok=True)
