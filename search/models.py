@@ -47,3 +47,31 @@ class FulltextTermStats(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lexeme}: {self.df}"
+
+
+class RelevanceProfile(models.Model):
+    """一个知识库不用标注学出来的相关概率模型（见 ``raglib.relevance`` 与 ``search.relevance``）。
+
+    每种检索方式一个逻辑回归（``mode_models``，JSON）；``validation`` 是拟合时在留出的伪查询上的自测：模型排序与
+    原有排序（混合为 RRF）的 MRR，以及 0.5 阈值下的精确率与召回率。混合检索只在模型排序不比 RRF 差时
+    （``rank_hybrid``）用它，否则保持原样——学出来的东西永远不会让结果变差。
+    """
+
+    knowledge_base = models.OneToOneField(KnowledgeBase, on_delete=models.CASCADE, primary_key=True,
+                                          related_name="relevance_profile", verbose_name="知识库")
+    embedding_model = models.CharField("拟合时的 embedding 模型", max_length=300)
+    mode_models = models.JSONField("各方式的模型", default=dict)
+    rank_hybrid = models.BooleanField("混合检索按模型排序", default=False)
+    chunk_count = models.BigIntegerField("拟合时的可检索分块数")
+    queries = models.PositiveIntegerField("伪查询数")
+    seed = models.IntegerField("随机种子")
+    validation = models.JSONField("自测结果", default=dict)
+    fitted_at = models.DateTimeField("拟合时间", auto_now=True)
+
+    class Meta:
+        db_table = "search_relevance_profiles"
+        verbose_name = "相关概率模型"
+        verbose_name_plural = "相关概率模型"
+
+    def __str__(self) -> str:
+        return f"{self.knowledge_base_id}: {self.queries} pseudo-queries"

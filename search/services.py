@@ -36,6 +36,7 @@ from raglib.fusion import (
     similarity_from_distance,
 )
 from raglib.providers.rerank import RerankUnavailable
+from raglib.relevance import Evidence, candidate_features
 from raglib.scoring import (
     Calibration,
     fulltext_score,
@@ -43,6 +44,7 @@ from raglib.scoring import (
     match_ratio,
     vector_score,
 )
+from search.profiles import relevance_model
 from search.query_embeddings import embed_query
 from search.rerankers import configured_reranker
 from search.retrieval import (
@@ -96,8 +98,12 @@ class SearchResult:
     fulltext_score: float | None = None
     # 全文的匹配程度（0~1，跨查询可比，见 raglib.scoring.match_ratio）
     fulltext_unit: float | None = None
-    # 校准分数所用的证据（相似度, 匹配程度），某一路没找到时已换成那一路的下界；评测据此拟合校准参数
+    # 校准分数所用的证据（相似度, 匹配程度），都是这条结果自己的值（见 EVIDENCE-OWN）；评测据此拟合校准参数
     evidence: tuple[float, float] | None = None
+    # 相关概率模型的特征（见 raglib.relevance.candidate_features）；调试页展示，拟合模型时收集
+    features: dict[str, float] | None = None
+    # 分数来自知识库学出的模型（True）还是全局校准参数（False）
+    learned: bool = False
     fused_score: float | None = None
     rerank_score: float | None = None
     parent_chunk_id: int | None = None
@@ -261,7 +267,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
             for f in fused
         ]
         _complete_evidence(kb, parsed, candidates, paths)
-        _calibrated_scores(candidates, paths)
+        _score(kb, candidates, paths, depth)
         # 融合决定候选集合，排序按每条结果自己的相关概率：分数随名次不增，而且不借用别的结果的分数
         candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
 
@@ -364,6 +370,31 @@ def _complete_evidence(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, candidat
                 c.fulltext_score = scores.get(c.chunk.chunk_id, 0.0)
 
 
+def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _PathResult], depth: int) -> None:
+    """不重排时的 0~1 分数。知识库有学好的相关概率模型（``search.profiles``）时用它：每个候选的特征
+    （:func:`raglib.relevance.candidate_features`）→ P(相关)；没有时用全局校准参数（:func:`_calibrated_scores`）。
+    特征总是算好挂在结果上：调试页展示它们，拟合模型也从这里收集。"""
+    text = paths.get("fulltext")
+    for candidate in candidates:
+        if text is not None and candidate.fulltext_score is not None:
+            candidate.fulltext_unit = match_ratio(candidate.fulltext_score, text.scale)
+    coverage = text.coverage if text is not None and text.coverage is not None else 0.0
+    # 候选此时还是融合顺序，名次即 RRF 名次
+    evidence = [Evidence(c.vector_similarity, c.fulltext_unit, c.vector_rank, c.fulltext_rank, rank)
+                for rank, c in enumerate(candidates, start=1)]
+    for candidate, row in zip(candidates, candidate_features(evidence, coverage=coverage, depth=depth), strict=True):
+        candidate.features = row
+    mode = "hybrid" if len(paths) > 1 else next(iter(paths))
+    model = relevance_model(kb.id, mode)
+    if model is None:
+        _calibrated_scores(candidates, paths)
+        return
+    for candidate in candidates:
+        assert candidate.features is not None
+        candidate.score = model.probability(candidate.features)
+        candidate.learned = True
+
+
 def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult]) -> None:
     """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`raglib.scoring`）。
 
@@ -371,10 +402,6 @@ def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathRes
     分块没有向量）按没有这一路的证据（0）计，不借用别的结果的值。
     """
     calibration = calibration_from_settings()
-    text = paths.get("fulltext")
-    for candidate in candidates:
-        if text is not None and candidate.fulltext_score is not None:
-            candidate.fulltext_unit = match_ratio(candidate.fulltext_score, text.scale)
     if len(paths) == 1:
         for candidate in candidates:
             candidate.score = (vector_score(candidate.vector_similarity, calibration)

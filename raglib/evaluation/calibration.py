@@ -1,6 +1,6 @@
 """由评测结果拟合对外分数的校准参数（``raglib.scoring``）：前 10 条结果的证据 → 是否标注相关，做逻辑回归。
 
-没有外部依赖：特征只有一两维，用牛顿法（IRLS，带很小的 L2 以防完全可分时发散）几十步就收敛。
+没有外部依赖：特征只有一两维，用 :func:`raglib.relevance.fit_logistic`（牛顿法，带很小的 L2）几十步就收敛。
 拟合结果以环境变量的形式打印，运维换 embedding 模型后可以在自己的标注数据上重新校准。
 """
 
@@ -11,22 +11,7 @@ from typing import Any
 
 import numpy as np
 
-L2 = 1e-3
-
-
-def fit_logistic(features: np.ndarray, labels: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, float]:
-    """返回 (权重, 截距)，使 sigmoid(features @ 权重 + 截距) 逼近 labels。"""
-    x = np.hstack([features, np.ones((len(features), 1))])
-    w = np.zeros(x.shape[1])
-    for _ in range(iterations):
-        p = 1 / (1 + np.exp(-np.clip(x @ w, -30, 30)))
-        gradient = x.T @ (p - labels) + L2 * w
-        hessian = (x * (p * (1 - p))[:, None]).T @ x + L2 * np.eye(len(w))
-        step = np.linalg.solve(hessian, gradient)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    return w[:-1], float(w[-1])
+from raglib.relevance import fit_logistic
 
 
 def _pairs(per_query: Sequence[dict[str, Any]], qrels: dict[str, dict[str, int]],

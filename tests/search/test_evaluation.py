@@ -242,7 +242,8 @@ def test_score_separation_hand_computed() -> None:
 def test_fit_logistic_recovers_a_known_curve() -> None:
     import numpy as np
 
-    from raglib.evaluation.calibration import fit_logistic, suggest
+    from raglib.evaluation.calibration import suggest
+    from raglib.relevance import fit_logistic
 
     rng = np.random.default_rng(0)
     x = rng.uniform(0.7, 1.0, size=(4000, 1))

@@ -1,0 +1,208 @@
+"""不用标注、按知识库学出来的相关概率：伪查询 → 检索 → 每个候选的特征 → 逻辑回归 → P(相关)。
+
+为什么按知识库学：余弦相似度的整体水平因 embedding 模型而异，BM25 匹配程度的分布因语料（长文、短问答、
+中文、英文）而异；在两个开发集上拟合的一组全局常数搬到别的库上就不准（向量方式在新库上一条都到不了 0.5）。
+每个知识库有自己的分块，用它们造题自测，就能在不要任何标注的情况下学出“在这个库、这个模型上，什么样的证据
+意味着相关”。
+
+- 伪查询（:func:`pseudo_queries`）：从分块里抽一句话，随机去掉约三分之一的字（中文）或词（其他文字），
+  模仿“问题与原文部分重合”的真实提问；这句话原文出现在哪些分块里，哪些分块就是它的相关结果
+  （相邻分块的重叠部分也算，避免把真相关当成反例）。
+- 特征（:func:`candidate_features`）：余弦相似度、BM25 匹配程度（0~1）、各自与本查询最好那条的差、
+  在两路里的名次（取对数）、查询在本库的覆盖率、两路是否都找到它。差值特征让概率跨查询可比：同样 0.85 的余弦，
+  在最好只有 0.86 的查询里和在最好有 0.95 的查询里意义不同。
+- 模型（:class:`RelevanceModel`）：特征标准化后的 L2 逻辑回归，牛顿法拟合（:func:`fit_logistic`），
+  每种检索方式一个（只用该方式有的特征），所以三种方式的分数含义相同。
+
+全是纯函数与数据类，不碰数据库；造题与拟合的编排在 ``search.relevance``。
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# 牛顿法的 L2（作用在标准化后的特征上）：伪查询有几千个候选，这个量级只防完全可分时发散，不压制真实的权重
+L2 = 1.0
+
+# 各检索方式用到的特征（顺序即模型权重的顺序）
+MODE_FEATURES: dict[str, tuple[str, ...]] = {
+    "vector": ("similarity", "similarity_gap", "vector_rank"),
+    "fulltext": ("match", "match_gap", "fulltext_rank", "coverage"),
+    "hybrid": ("similarity", "similarity_gap", "vector_rank", "match", "match_gap", "fulltext_rank", "coverage",
+               "both", "fused_rank"),
+}
+
+
+def fit_logistic(features: np.ndarray, labels: np.ndarray, *, l2: float = 1e-3,
+                 iterations: int = 50) -> tuple[np.ndarray, float]:
+    """返回 (权重, 截距)，使 sigmoid(features @ 权重 + 截距) 逼近 labels。牛顿法（IRLS），截距不加正则。"""
+    x = np.hstack([features, np.ones((len(features), 1))])
+    w = np.zeros(x.shape[1])
+    penalty = np.full(len(w), l2)
+    penalty[-1] = 0.0
+    for _ in range(iterations):
+        p = 1 / (1 + np.exp(-np.clip(x @ w, -30, 30)))
+        gradient = x.T @ (p - labels) + penalty * w
+        hessian = (x * (p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(len(w))
+        step = np.linalg.solve(hessian, gradient)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w[:-1], float(w[-1])
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """一个候选在一次检索里的证据；某一路没有参与（单路检索）时对应的值为 None。"""
+
+    similarity: float | None
+    match: float | None
+    vector_rank: int | None
+    fulltext_rank: int | None
+    # 在融合（RRF）顺序里的名次：让模型至少学得出 RRF 的排序，拟合出来的排序不会比它差太多
+    fused_rank: int | None = None
+
+
+def _log_rank(rank: int | None, depth: int) -> float:
+    # 没进名单的候选按“名单之后一名”计：它的真实名次不会更靠前
+    return math.log1p(rank if rank is not None else depth + 1)
+
+
+def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth: int) -> list[dict[str, float]]:
+    """一次检索的全部候选 → 每个候选的特征（:data:`MODE_FEATURES` 里的名字）。差值特征相对本次检索最好的那条。"""
+    best_similarity = max((c.similarity for c in candidates if c.similarity is not None), default=0.0)
+    best_match = max((c.match for c in candidates if c.match is not None), default=0.0)
+    rows = []
+    for c in candidates:
+        similarity = c.similarity if c.similarity is not None else 0.0
+        match = c.match if c.match is not None else 0.0
+        rows.append({
+            "similarity": similarity,
+            "similarity_gap": similarity - best_similarity,
+            "vector_rank": _log_rank(c.vector_rank, depth),
+            "match": match,
+            "match_gap": match - best_match,
+            "fulltext_rank": _log_rank(c.fulltext_rank, depth),
+            "coverage": coverage,
+            "both": 1.0 if c.vector_rank is not None and c.fulltext_rank is not None else 0.0,
+            "fused_rank": _log_rank(c.fused_rank, 2 * depth),
+        })
+    return rows
+
+
+@dataclass(frozen=True)
+class RelevanceModel:
+    """一种检索方式的 P(相关) 模型：标准化参数与逻辑回归的权重。可以存成 JSON（:meth:`as_dict`）。"""
+
+    mode: str
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    weights: tuple[float, ...]
+    bias: float
+
+    def probability(self, row: Mapping[str, float]) -> float:
+        z = self.bias + sum(w * (row[name] - m) / s for name, m, s, w
+                            in zip(self.features, self.mean, self.scale, self.weights, strict=True))
+        return 1 / (1 + math.exp(-min(max(z, -30.0), 30.0)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "features": list(self.features), "mean": list(self.mean),
+                "scale": list(self.scale), "weights": list(self.weights), "bias": self.bias}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RelevanceModel:
+        return cls(str(data["mode"]), tuple(data["features"]), tuple(float(v) for v in data["mean"]),
+                   tuple(float(v) for v in data["scale"]), tuple(float(v) for v in data["weights"]),
+                   float(data["bias"]))
+
+
+def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[bool]) -> RelevanceModel:
+    """在 (特征, 是否相关) 上拟合一种方式的模型；特征先按训练集标准化（常数特征的尺度记为 1）。"""
+    names = MODE_FEATURES[mode]
+    x = np.array([[row[name] for name in names] for row in rows], dtype=float)
+    y = np.array(labels, dtype=float)
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    weights, bias = fit_logistic((x - mean) / scale, y, l2=L2)
+    return RelevanceModel(mode, names, tuple(float(v) for v in mean), tuple(float(v) for v in scale),
+                          tuple(float(v) for v in weights), bias)
+
+
+# ---------------------------------------------------------------- 伪查询
+
+# 句子的边界：中文句末标点、换行，以及拉丁文字的句点/问号/感叹号后跟空白
+_SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|\n+|(?<=[.!?])\s+")
+_HAN = re.compile(r"[\u3400-\u9fff]")
+_MARKUP = re.compile(r"^[#>*\-\s|]+")
+
+
+@dataclass(frozen=True)
+class PseudoQuery:
+    """一条伪查询：文本、出处分块，以及判相关用的原句（含它的分块都算相关）。"""
+
+    text: str
+    source: int
+    sentence: str
+
+
+def _sentences(text: str) -> list[str]:
+    return [_MARKUP.sub("", part).strip() for part in _SENTENCE_END.split(text) if part and part.strip()]
+
+
+def _is_han(sentence: str) -> bool:
+    return len(_HAN.findall(sentence)) >= len(sentence) / 3
+
+
+def _usable(sentence: str) -> bool:
+    if _is_han(sentence):
+        return 12 <= len(sentence) <= 120
+    return 6 <= len(sentence.split()) <= 40
+
+
+def _drop(sentence: str, rng: random.Random, share: float) -> str:
+    """去掉约 ``share`` 的字（中文，连续的一小段一小段地去）或词（其他文字），保持原来的先后次序。"""
+    if _is_han(sentence):
+        chars = list(sentence)
+        keep = [True] * len(chars)
+        while keep.count(False) < share * len(chars):
+            start = rng.randrange(len(chars))
+            for i in range(start, min(start + rng.randint(1, 3), len(chars))):
+                keep[i] = False
+        return "".join(char for char, kept in zip(chars, keep, strict=True) if kept)
+    words = sentence.split()
+    kept_words = [word for word in words if rng.random() >= share]
+    return " ".join(kept_words or words[:1])
+
+
+def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
+                   share: float = 0.35) -> list[PseudoQuery]:
+    """从分块里造 ``count`` 条伪查询（固定 ``seed`` 时结果确定）：每个被抽中的分块出一句话，去掉约 ``share``
+    的字或词。可用的句子太少（分块都很短）时条数会少于 ``count``。"""
+    rng = random.Random(seed)  # noqa: S311 - 造题要可复现，不涉及安全
+    order = list(range(len(chunks)))
+    rng.shuffle(order)
+    queries: list[PseudoQuery] = []
+    for index in order:
+        if len(queries) >= count:
+            break
+        chunk_id, text = chunks[index]
+        sentences = [s for s in _sentences(text) if _usable(s)]
+        if not sentences:
+            continue
+        sentence = rng.choice(sentences)
+        queries.append(PseudoQuery(_drop(sentence, rng, share), chunk_id, sentence))
+    return queries
+
+
+def reciprocal_rank(labels: Sequence[bool]) -> float:
+    """按给定顺序第一个相关结果的倒数名次（没有相关结果为 0）。"""
+    return next((1.0 / rank for rank, label in enumerate(labels, start=1) if label), 0.0)

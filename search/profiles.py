@@ -1,0 +1,46 @@
+"""读取知识库的相关概率模型（``search.models.RelevanceProfile``），按进程缓存。
+
+检索的每个请求都要问一次“这个库有没有学好的模型”：缓存 30 秒，省掉这一次数据库往返；重新拟合后最多
+30 秒生效（拟合本身是后台任务，不需要更快）。拟合与造题在 ``search.relevance``。
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from cachetools import TTLCache
+
+from raglib.relevance import RelevanceModel
+from search.models import RelevanceProfile
+
+_cache: TTLCache[uuid.UUID, dict[str, RelevanceModel]] = TTLCache(maxsize=4096, ttl=30)
+_lock = threading.Lock()
+
+
+def _load(kb_id: uuid.UUID) -> dict[str, RelevanceModel]:
+    profile = RelevanceProfile.objects.filter(knowledge_base_id=kb_id).first()
+    if profile is None:
+        return {}
+    models = {mode: RelevanceModel.from_dict(data) for mode, data in profile.mode_models.items()}
+    if not profile.rank_hybrid:
+        # 自测里模型排序不如 RRF：混合检索保持原来的做法（单路检索的排序就是该路的名次，模型只给分数）
+        models.pop("hybrid", None)
+    return models
+
+
+def relevance_model(kb_id: uuid.UUID, mode: str) -> RelevanceModel | None:
+    """该知识库在该检索方式下学好的模型；没有拟合过（或混合检索没有采用）时为 None。"""
+    with _lock:
+        models = _cache.get(kb_id)
+    if models is None:
+        models = _load(kb_id)
+        with _lock:
+            _cache[kb_id] = models
+    return models.get(mode)
+
+
+def forget(kb_id: uuid.UUID) -> None:
+    """拟合或删除模型之后调用：本进程立刻用新的（其他进程最多 30 秒后）。"""
+    with _lock:
+        _cache.pop(kb_id, None)

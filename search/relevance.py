@@ -1,0 +1,130 @@
+"""为一个知识库拟合相关概率模型：用它自己的分块造伪查询，走真实的检索服务收集每个候选的特征，
+按“候选是否含出题的原句”做标签，每种检索方式拟合一个逻辑回归（见 ``raglib.relevance``）。
+
+- 留出两成伪查询自测：模型排序与原有排序（混合为 RRF）的 MRR，以及 0.5 阈值下的精确率与召回率。
+  混合检索只在模型排序的 MRR 不低于 RRF 时改用模型排序（``rank_hybrid``），否则保持 RRF——学出来的东西
+  永远不会让排序变差。各方式的分数（P(相关)）总是用模型的。
+- 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
+- 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数。
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from django.db import transaction
+
+from documents.models import Document, DocumentChunk
+from knowledge.models import KnowledgeBase
+from raglib.relevance import (
+    MODE_FEATURES,
+    PseudoQuery,
+    RelevanceModel,
+    fit_model,
+    pseudo_queries,
+    reciprocal_rank,
+)
+from raglib.scoring import REFERENCE_THRESHOLD
+from search import profiles, services
+from search.models import RelevanceProfile
+
+logger = structlog.get_logger(__name__)
+
+MIN_CHUNKS = 30
+DEFAULT_QUERIES = 300
+# 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
+FIT_TOP_K = 100
+VALIDATION_SHARE = 0.2
+
+
+@dataclass
+class _Examples:
+    """一种方式在一批伪查询上的样本：每个查询的 (特征行, 标签, 原有顺序)。"""
+
+    queries: list[tuple[list[dict[str, float]], list[bool]]] = field(default_factory=list)
+
+    def flat(self) -> tuple[list[dict[str, float]], list[bool]]:
+        rows = [row for query_rows, _ in self.queries for row in query_rows]
+        labels = [label for _, query_labels in self.queries for label in query_labels]
+        return rows, labels
+
+
+def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.Mode) -> _Examples:
+    examples = _Examples()
+    for query in queries:
+        outcome = services.search(kb, services.SearchRequest(query=query.text, top_k=FIT_TOP_K, mode=mode,
+                                                             rerank=False, return_parent=False))
+        if not outcome.results or outcome.degraded:
+            continue
+        # 恢复融合（或该路）原有的顺序：拟合用的特征与排序无关，自测要和原有排序比
+        results = sorted(outcome.results, key=lambda r: (r.features or {}).get("fused_rank", 0.0))
+        rows = [r.features or {} for r in results]
+        labels = [query.sentence in r.chunk.text for r in results]
+        examples.queries.append((rows, labels))
+    return examples
+
+
+def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
+    """留出伪查询上的自测：模型排序与原有排序的 MRR，阈值 0.5 时前 10 条的精确率、召回率。"""
+    mrr_model = mrr_original = 0.0
+    kept = kept_relevant = relevant = 0
+    for rows, labels in held_out.queries:
+        probabilities = [model.probability(row) for row in rows]
+        order = sorted(range(len(rows)), key=lambda i: -probabilities[i])
+        mrr_model += reciprocal_rank([labels[i] for i in order])
+        mrr_original += reciprocal_rank(labels)
+        for i in order[:10]:
+            relevant += labels[i]
+            if probabilities[i] >= REFERENCE_THRESHOLD:
+                kept += 1
+                kept_relevant += labels[i]
+    count = max(len(held_out.queries), 1)
+    return {"queries": len(held_out.queries), "mrr_model": round(mrr_model / count, 4),
+            "mrr_original": round(mrr_original / count, 4),
+            "precision": round(kept_relevant / kept, 4) if kept else 0.0,
+            "recall": round(kept_relevant / relevant, 4) if relevant else 0.0}
+
+
+def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0) -> RelevanceProfile | None:
+    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。"""
+    chunks = list(DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
+                  .exclude(role="parent").order_by("id").values_list("id", "chunk_text"))
+    if len(chunks) < MIN_CHUNKS:
+        relevance_forget(kb=kb)
+        return None
+    made = pseudo_queries(chunks, queries, seed=seed)
+    held = set(random.Random(seed).sample(range(len(made)), int(len(made) * VALIDATION_SHARE)))  # noqa: S311
+    train = [q for i, q in enumerate(made) if i not in held]
+    test = [q for i, q in enumerate(made) if i in held]
+    # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
+    mode_models: dict[str, dict[str, object]] = {}
+    validation: dict[str, dict[str, float]] = {}
+    for mode in MODE_FEATURES:
+        fitted = _collect(kb, train, mode)  # type: ignore[arg-type]
+        rows, labels = fitted.flat()
+        if not any(labels) or all(labels):
+            logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
+            continue
+        model = fit_model(mode, rows, labels)
+        mode_models[mode] = model.as_dict()
+        validation[mode] = _validation(model, _collect(kb, test, mode))  # type: ignore[arg-type]
+    hybrid = validation.get("hybrid", {})
+    with transaction.atomic():
+        profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
+            "embedding_model": f"{kb.embedding_provider}:{kb.embedding_model}", "mode_models": mode_models,
+            "rank_hybrid": bool(hybrid) and hybrid["mrr_model"] >= hybrid["mrr_original"],
+            "chunk_count": len(chunks), "queries": len(made), "seed": seed, "validation": validation,
+        })
+    profiles.forget(kb.id)
+    logger.info("relevance_fitted", knowledge_base_id=str(kb.id), queries=len(made), validation=validation,
+                rank_hybrid=profile.rank_hybrid)
+    return profile
+
+
+def relevance_forget(*, kb: KnowledgeBase) -> None:
+    """删除该知识库的模型（回到全局校准参数）。"""
+    RelevanceProfile.objects.filter(knowledge_base=kb).delete()
+    profiles.forget(kb.id)

@@ -1,0 +1,87 @@
+"""raglib.relevance 的纯函数：伪查询、特征、逻辑回归模型。"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from raglib.relevance import (
+    MODE_FEATURES,
+    Evidence,
+    RelevanceModel,
+    candidate_features,
+    fit_logistic,
+    fit_model,
+    pseudo_queries,
+    reciprocal_rank,
+)
+
+CHUNKS = [
+    (1, "月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。兰花需要散射光和较高的空气湿度。"),
+    (2, "投标人须具备信息系统集成资质，服务期三年，预算人民币五百万元。评标采用综合评分法。"),
+    (3, "The interpreter runs bytecode produced by the compiler. Running tests with pytest is simple and fast."),
+    (4, "短"),
+]
+
+
+def test_pseudo_queries_are_deterministic_and_drop_part_of_a_sentence() -> None:
+    first = pseudo_queries(CHUNKS, 10, seed=7)
+    assert first == pseudo_queries(CHUNKS, 10, seed=7)
+    assert first != pseudo_queries(CHUNKS, 10, seed=8)
+    assert {q.source for q in first} == {1, 2, 3}  # 太短的分块没有可用的句子
+    for query in first:
+        source = dict(CHUNKS)[query.source]
+        assert query.sentence in source and query.text != query.sentence
+        if query.source == 3:  # 拉丁文字去词，保持次序
+            words = query.sentence.split()
+            kept = query.text.split()
+            assert kept and all(word in words for word in kept)
+        else:  # 中文去字：剩下的字是原句的子序列，去掉了约三分之一
+            iterator = iter(query.sentence)
+            assert all(char in iterator for char in query.text)
+            assert 0.2 <= 1 - len(query.text) / len(query.sentence) <= 0.6
+
+
+def test_candidate_features_are_relative_to_the_best_candidate() -> None:
+    rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50)
+    assert rows[0]["similarity_gap"] == 0.0 and rows[1]["similarity_gap"] == pytest.approx(-0.1)
+    assert rows[1]["match"] == 0.0 and rows[1]["match_gap"] == -0.5
+    assert rows[1]["fulltext_rank"] == pytest.approx(math.log1p(51))  # 没进全文名单：按名单之后一名计
+    assert (rows[0]["both"], rows[1]["both"]) == (1.0, 0.0) and rows[0]["coverage"] == 0.7
+    assert set(rows[0]) >= set(MODE_FEATURES["hybrid"])
+
+
+def test_fit_logistic_recovers_a_known_curve() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 2))
+    p = 1 / (1 + np.exp(-(2.0 * x[:, 0] - 1.0 * x[:, 1] + 0.5)))
+    y = (rng.random(4000) < p).astype(float)
+    weights, bias = fit_logistic(x, y)
+    assert weights == pytest.approx([2.0, -1.0], abs=0.2) and bias == pytest.approx(0.5, abs=0.15)
+
+
+def test_fitted_model_separates_and_round_trips() -> None:
+    rng = np.random.default_rng(1)
+    rows, labels = [], []
+    for _ in range(300):
+        relevant = bool(rng.random() < 0.1)
+        similarity = 0.85 + (0.06 if relevant else 0.0) + rng.normal(scale=0.02)
+        rows.append({"similarity": similarity, "similarity_gap": similarity - 0.93,
+                     "vector_rank": math.log1p(1 if relevant else rng.integers(2, 50))})
+        labels.append(relevant)
+    model = fit_model("vector", rows, labels)
+    scores = [model.probability(row) for row in rows]
+    positive = np.mean([s for s, label in zip(scores, labels, strict=True) if label])
+    negative = np.mean([s for s, label in zip(scores, labels, strict=True) if not label])
+    assert positive > 0.5 > negative
+    assert RelevanceModel.from_dict(model.as_dict()) == model
+
+
+@given(st.lists(st.booleans(), max_size=20))
+def test_reciprocal_rank(labels: list[bool]) -> None:
+    expected = 1 / (labels.index(True) + 1) if True in labels else 0.0
+    assert reciprocal_rank(labels) == expected

@@ -1,0 +1,82 @@
+"""知识库级的相关概率模型：拟合（伪查询 + 真实检索）、确定性、检索时使用、回退。"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from knowledge.models import KnowledgeBase
+from search import profiles, services
+from search.models import RelevanceProfile
+from search.relevance import MIN_CHUNKS, relevance_fit, relevance_forget
+from tests.factories import ingest_text
+
+TOPICS = ["月季", "兰花", "招标", "评标", "木星", "火星", "高血压", "糖尿病", "铁路", "航空"]
+
+
+@pytest.fixture
+def library(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> KnowledgeBase:
+    """十个主题、每个主题一篇几段话的文档：分块足够多，伪查询能在全文一路区分出处。"""
+    kb = kb_factory(chunking={"strategy": "token", "chunk_size": 48, "overlap": 0})
+    for index, topic in enumerate(TOPICS):
+        body = "\n\n".join(f"{topic}的第{i}条说明：{topic}在第{i}种情况下需要第{index * 10 + i}号处理方法，"
+                           f"并且要记录编号{index}{i}{i}。" for i in range(6))
+        ingest_text(client_rw, kb, f"{topic}.md", f"# {topic}\n\n{body}")
+    return kb
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refit_is_deterministic_for_a_fixed_seed(library: KnowledgeBase) -> None:
+    first = relevance_fit(kb=library, queries=40, seed=3)
+    assert first is not None and first.chunk_count >= MIN_CHUNKS
+    assert set(first.mode_models) == {"vector", "fulltext", "hybrid"}
+    again = relevance_fit(kb=library, queries=40, seed=3)
+    assert again is not None
+    assert again.mode_models == first.mode_models and again.validation == first.validation
+    other = relevance_fit(kb=library, queries=40, seed=4)
+    assert other is not None and other.mode_models != first.mode_models
+
+
+@pytest.mark.django_db(transaction=True)
+def test_search_scores_with_the_learned_model_and_falls_back_without_it(library: KnowledgeBase) -> None:
+    request = services.SearchRequest(query="木星 第3种情况", top_k=5, mode="fulltext", rerank=False)
+    before = services.search(library, request).results
+    assert before and not any(r.learned for r in before)
+    relevance_fit(kb=library, queries=40, seed=0)
+    after = services.search(library, request).results
+    model = profiles.relevance_model(library.id, "fulltext")
+    assert model is not None and after and all(r.learned for r in after)
+    for result in after:
+        assert result.features is not None and result.score == pytest.approx(model.probability(result.features))
+    assert [r.score for r in after] == sorted((r.score for r in after), reverse=True)
+    relevance_forget(kb=library)
+    assert not RelevanceProfile.objects.filter(knowledge_base=library).exists()
+    assert not any(r.learned for r in services.search(library, request).results)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hybrid_keeps_rrf_when_the_model_ranks_worse(library: KnowledgeBase) -> None:
+    profile = relevance_fit(kb=library, queries=40, seed=0)
+    assert profile is not None
+    RelevanceProfile.objects.filter(pk=profile.pk).update(rank_hybrid=False)
+    profiles.forget(library.id)
+    assert profiles.relevance_model(library.id, "hybrid") is None
+    assert profiles.relevance_model(library.id, "vector") is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_small_knowledge_base_is_not_fitted(client_rw: Any, kb_factory: Any, fake_embedder: Any, capsys: Any) -> None:
+    kb = kb_factory()
+    ingest_text(client_rw, kb, "one.md", "# 一\n\n只有一个分块的小知识库。")
+    call_command("fit_relevance", "--kb", kb.name, "--queries", "10")
+    assert "不拟合" in capsys.readouterr().out
+    assert not RelevanceProfile.objects.filter(knowledge_base=kb).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fit_relevance_command_prints_the_validation(library: KnowledgeBase, capsys: Any) -> None:
+    call_command("fit_relevance", "--kb", str(library.id), "--queries", "30")
+    out = capsys.readouterr().out
+    assert "| hybrid |" in out and "伪查询" in out
