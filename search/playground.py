@@ -100,13 +100,26 @@ class PlaygroundForm(forms.Form):
         )
 
 
+# 相关概率模型的特征（raglib.relevance）在调试页上的名字
+FEATURE_LABELS = {
+    "similarity": "余弦相似度", "similarity_gap": "与最好一条的相似度差", "vector_rank": "向量名次（对数）",
+    "match": "全文匹配程度", "match_gap": "与最好一条的匹配差", "fulltext_rank": "全文名次（对数）",
+    "coverage": "查询在库中的覆盖率", "both": "两路都找到", "fused_rank": "RRF 名次（对数）",
+}
+
+
 @dataclass(frozen=True)
 class ResultRow:
-    """结果表的一行：名次、结果本身与“由哪一路找到”的中文说明。"""
+    """结果表的一行：名次、结果本身、“由哪一路找到”的中文说明，以及得分所用的特征（名字, 取值）。"""
 
     rank: int
     result: services.SearchResult
     found_by: str
+    features: list[tuple[str, float]]
+
+
+def feature_rows(result: services.SearchResult) -> list[tuple[str, float]]:
+    return [(FEATURE_LABELS.get(name, name), value) for name, value in (result.features or {}).items()]
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,7 @@ def playground(request: HttpRequest) -> HttpResponse:
         outcome = services.search(form.cleaned_data["knowledge_base"], form.search_request())
         context.update(
             outcome=outcome,
-            rows=[ResultRow(rank, result, found_by_label(result))
+            rows=[ResultRow(rank, result, found_by_label(result), feature_rows(result))
                   for rank, result in enumerate(outcome.results, start=1)],
             timings=timing_rows(outcome.timings_ms),
             degraded=degraded_messages(outcome.degraded),

