@@ -16,7 +16,7 @@ class OpsConfig(AppConfig):
 
         from infra import schema  # noqa: F401
         from infra.errors import log_request_exception
-        from ops.tasks import vector_index_schedule_refresh
+        from ops.tasks import maintenance_schedule_refresh
         from ops.warmup import warm_worker
 
         # Django 层的未处理异常（非 DRF 视图、其他中间件）都会发出该信号，在这里统一记录堆栈；
@@ -24,5 +24,5 @@ class OpsConfig(AppConfig):
         got_request_exception.connect(log_request_exception, dispatch_uid="ragservice.log_request_exception")
         # django-q2 的每个 worker 子进程启动时先加载模型与 OCR 引擎（见 ops.warmup）
         post_spawn.connect(warm_worker, dispatch_uid="ragservice.warm_worker")
-        post_migrate.connect(vector_index_schedule_refresh, sender=self,
-                             dispatch_uid="ragservice.vector_index_schedule_refresh")
+        post_migrate.connect(maintenance_schedule_refresh, sender=self,
+                             dispatch_uid="ragservice.maintenance_schedule_refresh")

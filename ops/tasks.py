@@ -36,6 +36,7 @@ from knowledge.models import CleanupTask
 from knowledge.services import CLEANUP_TASK_FUNC, cleanup_q_options
 from ops.cleanup import cleanup_run, lock_key
 from search.ann import kb_indexes_sync
+from search.relevance import relevance_refresh
 
 logger = structlog.get_logger(__name__)
 
@@ -44,6 +45,11 @@ REAPER_SCHEDULE_NAME = "ops.reap_stale_tasks"
 # 索引同步的定时调度（迁移 knowledge.0005 建立，每 5 分钟一次）
 VECTOR_INDEX_SCHEDULE = "knowledge.sync_vector_indexes"
 VECTOR_INDEX_TASK_FUNC = "ops.tasks.sync_vector_indexes"
+# 相关概率模型的定时检查（迁移 ops.0005 建立，每 10 分钟一次）
+RELEVANCE_SCHEDULE = "search.refresh_relevance_profiles"
+RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
+# 按维护任务上限（RAG_MAINTENANCE_TIMEOUT）计时的调度：名字 → 任务函数
+MAINTENANCE_SCHEDULES = {VECTOR_INDEX_SCHEDULE: VECTOR_INDEX_TASK_FUNC, RELEVANCE_SCHEDULE: RELEVANCE_TASK_FUNC}
 
 
 def run_cleanup(task_id: str, attempt: int = 1, request_id: str | None = None) -> None:
@@ -60,8 +66,17 @@ def sync_vector_indexes() -> None:
         kb_indexes_sync()
 
 
-def vector_index_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: Any) -> None:
-    """让索引同步的调度按 ``RAG_MAINTENANCE_TIMEOUT`` 计时（post_migrate 信号，见 ``ops.apps``）。
+def refresh_relevance_profiles() -> None:
+    """为新的或变化较大的知识库（重新）拟合相关概率模型（``search.relevance``）；定时执行，幂等。"""
+    with task_context("relevance_refresh", None):
+        fitted = relevance_refresh()
+        if fitted:
+            logger.info("relevance_profiles_refreshed", knowledge_bases=[str(kb.id) for kb in fitted])
+
+
+def maintenance_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: Any) -> None:
+    """让维护任务的调度（索引同步、相关概率模型）按 ``RAG_MAINTENANCE_TIMEOUT`` 计时（post_migrate 信号，
+    见 ``ops.apps``）。
 
     百万分块的库建一次图要 40 分钟以上，按集群默认的 ``RAG_TASK_TIMEOUT`` 计时会在建完之前被杀、下一轮重来。
     调度行由迁移建立，迁移只跑一次，而超时是部署时的环境变量：所以每次 migrate（``serve`` 每次启动都跑）
@@ -74,8 +89,9 @@ def vector_index_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: 
         schedule = apps.get_model("django_q", "Schedule")
     except LookupError:
         return  # django_q 的表还没建（或已退回零）
-    schedule.objects.using(using).filter(name=VECTOR_INDEX_SCHEDULE).update(
-        func=VECTOR_INDEX_TASK_FUNC, kwargs=repr({"q_options": {"timeout": settings.MAINTENANCE_TIMEOUT}}))
+    for name, func in MAINTENANCE_SCHEDULES.items():
+        schedule.objects.using(using).filter(name=name).update(
+            func=func, kwargs=repr({"q_options": {"timeout": settings.MAINTENANCE_TIMEOUT}}))
 
 
 def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:

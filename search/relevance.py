@@ -6,6 +6,8 @@
   永远不会让排序变差。各方式的分数（P(相关)）总是用模型的。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数。
+- 何时重新拟合（:func:`relevance_refresh`，定时任务每 10 分钟检查一次）：还没有模型而分块已经够了，
+  或可检索分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）。
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 
 import structlog
 from django.db import transaction
+from django.db.models import Sum
 
 from documents.models import Document, DocumentChunk
+from infra.locks import advisory_lock
 from knowledge.models import KnowledgeBase
 from raglib.relevance import (
     MODE_FEATURES,
@@ -34,6 +38,7 @@ from search.models import RelevanceProfile
 logger = structlog.get_logger(__name__)
 
 MIN_CHUNKS = 30
+REFIT_CHANGE = 0.2
 DEFAULT_QUERIES = 300
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
@@ -128,3 +133,31 @@ def relevance_forget(*, kb: KnowledgeBase) -> None:
     """删除该知识库的模型（回到全局校准参数）。"""
     RelevanceProfile.objects.filter(knowledge_base=kb).delete()
     profiles.forget(kb.id)
+
+
+def profiles_due() -> list[KnowledgeBase]:
+    """需要（重新）拟合的启用知识库。分块数取已完成文档的 ``chunk_count`` 之和（按文档表汇总，不数分块表：
+    百万分块的库上数分块表是一次全表扫描）。"""
+    counts = dict(Document.objects.filter(status=Document.Status.COMPLETED).values_list("knowledge_base_id")
+                  .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
+    fitted = dict(RelevanceProfile.objects.values_list("knowledge_base_id", "chunk_count"))
+    due = []
+    for kb in KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED).order_by("created_at"):
+        chunks = counts.get(kb.id) or 0
+        before = fitted.get(kb.id)
+        if chunks < MIN_CHUNKS:
+            continue
+        if before is None or abs(chunks - before) > REFIT_CHANGE * max(before, 1):
+            due.append(kb)
+    return due
+
+
+def relevance_refresh() -> list[KnowledgeBase]:
+    """为 :func:`profiles_due` 列出的知识库逐个拟合；同一知识库同一时刻只有一个执行者（advisory lock，
+    上一轮还没拟合完时这一轮跳过它）。返回拟合了的知识库。"""
+    fitted = []
+    for kb in profiles_due():
+        with advisory_lock(f"relevance:{kb.id}") as acquired:
+            if acquired and relevance_fit(kb=kb) is not None:
+                fitted.append(kb)
+    return fitted

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.core.management.sql import emit_post_migrate_signal
+from django_q.models import Schedule
 
+from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
+from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from search import profiles, services
 from search.models import RelevanceProfile
-from search.relevance import MIN_CHUNKS, relevance_fit, relevance_forget
+from search.relevance import MIN_CHUNKS, profiles_due, relevance_fit, relevance_forget, relevance_refresh
 from tests.factories import ingest_text
 
 TOPICS = ["月季", "兰花", "招标", "评标", "木星", "火星", "高血压", "糖尿病", "铁路", "航空"]
@@ -80,3 +85,28 @@ def test_fit_relevance_command_prints_the_validation(library: KnowledgeBase, cap
     call_command("fit_relevance", "--kb", str(library.id), "--queries", "30")
     out = capsys.readouterr().out
     assert "| hybrid |" in out and "伪查询" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refresh_fits_new_and_changed_knowledge_bases_only(client_rw: Any, library: KnowledgeBase) -> None:
+    assert library in profiles_due()
+    assert relevance_refresh() == [library]
+    assert library not in profiles_due() and relevance_refresh() == []
+    # 分块数变了两成以上（又来了一批文档）：重新拟合
+    before = RelevanceProfile.objects.get(knowledge_base=library).chunk_count
+    for index in range(10):
+        body = "\n\n".join(f"补充材料{index}的第{i}段：新的内容、新的说明与编号{index}{i}，需要另外处理。"
+                           for i in range(12))
+        ingest_text(client_rw, library, f"补充{index}.md", f"# 补充{index}\n\n{body}")
+    assert DocumentChunk.objects.filter(knowledge_base=library).count() > 1.2 * before
+    assert library in profiles_due()
+
+
+@pytest.mark.django_db
+def test_relevance_schedule_runs_on_the_maintenance_timeout(settings: Any) -> None:
+    """迁移 ops.0005 建立的调度每 10 分钟一次，migrate 之后（post_migrate）按 RAG_MAINTENANCE_TIMEOUT 计时。"""
+    settings.MAINTENANCE_TIMEOUT = 4321
+    emit_post_migrate_signal(0, False, "default")
+    schedule = Schedule.objects.get(name=RELEVANCE_SCHEDULE)
+    assert schedule.func == RELEVANCE_TASK_FUNC and schedule.minutes == 10
+    assert ast.literal_eval(schedule.kwargs) == {"q_options": {"timeout": 4321}}
