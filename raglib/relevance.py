@@ -203,6 +203,25 @@ def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
     return queries
 
 
+def without(evidence: Sequence[Evidence], drop: Sequence[bool]) -> list[Evidence]:
+    """去掉一部分候选（伪查询的相关结果）后剩下的证据，各路名次按剩下的重新排：模拟“库里没有答案”的查询。
+
+    伪查询总有一个相关结果在库里，只用它们学，模型会以为“本次最好的那条”多半相关；无关的问题（另一个话题、
+    另一种语言）来了也给第一名高分。把答案拿掉再看一遍，模型才学得到：最好的那条本身够不够好。
+    """
+    kept = [item for item, dropped in zip(evidence, drop, strict=True) if not dropped]
+
+    def reranked(ranks: list[int | None]) -> list[int | None]:
+        order = sorted((rank, i) for i, rank in enumerate(ranks) if rank is not None)
+        new: dict[int, int] = {i: position for position, (_, i) in enumerate(order, start=1)}
+        return [new.get(i) for i in range(len(ranks))]
+
+    vector = reranked([e.vector_rank for e in kept])
+    text = reranked([e.fulltext_rank for e in kept])
+    fused = reranked([e.fused_rank for e in kept])
+    return [Evidence(e.similarity, e.match, v, t, f) for e, v, t, f in zip(kept, vector, text, fused, strict=True)]
+
+
 def reciprocal_rank(labels: Sequence[bool]) -> float:
     """按给定顺序第一个相关结果的倒数名次（没有相关结果为 0）。"""
     return next((1.0 / rank for rank, label in enumerate(labels, start=1) if label), 0.0)

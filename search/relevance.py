@@ -16,6 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import structlog
 from django.db import transaction
 from django.db.models import Sum
@@ -25,11 +26,14 @@ from infra.locks import advisory_lock
 from knowledge.models import KnowledgeBase
 from raglib.relevance import (
     MODE_FEATURES,
+    Evidence,
     PseudoQuery,
     RelevanceModel,
+    candidate_features,
     fit_model,
     pseudo_queries,
     reciprocal_rank,
+    without,
 )
 from raglib.scoring import REFERENCE_THRESHOLD
 from search import profiles, services
@@ -43,23 +47,29 @@ DEFAULT_QUERIES = 300
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
 VALIDATION_SHARE = 0.2
+# 每隔几条伪查询造一条“拿掉答案”的变体（见 raglib.relevance.without）：1 为每条都造。它们全是反例，
+# 造得越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）
+ABSENT_EVERY = 2
 
 
 @dataclass
 class _Examples:
-    """一种方式在一批伪查询上的样本：每个查询的 (特征行, 标签, 原有顺序)。"""
+    """一种方式在一批伪查询上的样本：每个查询的 (特征行, 标签)，按原有顺序；``absent`` 是拿掉相关结果后的同一批
+    查询（全是反例，模拟库里没有答案的提问）。"""
 
     queries: list[tuple[list[dict[str, float]], list[bool]]] = field(default_factory=list)
+    absent: list[list[dict[str, float]]] = field(default_factory=list)
 
     def flat(self) -> tuple[list[dict[str, float]], list[bool]]:
         rows = [row for query_rows, _ in self.queries for row in query_rows]
         labels = [label for _, query_labels in self.queries for label in query_labels]
-        return rows, labels
+        rows += [row for query_rows in self.absent for row in query_rows]
+        return rows, labels + [False] * (len(rows) - len(labels))
 
 
 def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.Mode) -> _Examples:
     examples = _Examples()
-    for query in queries:
+    for index, query in enumerate(queries):
         outcome = services.search(kb, services.SearchRequest(query=query.text, top_k=FIT_TOP_K, mode=mode,
                                                              rerank=False, return_parent=False))
         if not outcome.results or outcome.degraded:
@@ -69,6 +79,12 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
         rows = [r.features or {} for r in results]
         labels = [query.sentence in r.chunk.text for r in results]
         examples.queries.append((rows, labels))
+        if index % ABSENT_EVERY == 0 and any(labels) and not all(labels):
+            evidence = [Evidence(r.vector_similarity, r.fulltext_unit, r.vector_rank, r.fulltext_rank, rank)
+                        for rank, r in enumerate(results, start=1)]
+            coverage = rows[0].get("coverage", 0.0)
+            examples.absent.append(candidate_features(without(evidence, labels), coverage=coverage,
+                                                      depth=services.path_depth(FIT_TOP_K, mode)))
     return examples
 
 
@@ -87,10 +103,15 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
                 kept += 1
                 kept_relevant += labels[i]
     count = max(len(held_out.queries), 1)
+    # 拿掉答案之后的同一批查询：第一名的概率应当很低
+    absent_top = [max(model.probability(row) for row in rows) for rows in held_out.absent if rows]
     return {"queries": len(held_out.queries), "mrr_model": round(mrr_model / count, 4),
             "mrr_original": round(mrr_original / count, 4),
             "precision": round(kept_relevant / kept, 4) if kept else 0.0,
-            "recall": round(kept_relevant / relevant, 4) if relevant else 0.0}
+            "recall": round(kept_relevant / relevant, 4) if relevant else 0.0,
+            "absent_top1_mean": round(float(np.mean(absent_top)), 4) if absent_top else 0.0,
+            "absent_top1_over_half": round(float(np.mean([p >= REFERENCE_THRESHOLD for p in absent_top])), 4)
+            if absent_top else 0.0}
 
 
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0) -> RelevanceProfile | None:

@@ -18,6 +18,7 @@ from raglib.relevance import (
     fit_model,
     pseudo_queries,
     reciprocal_rank,
+    without,
 )
 
 CHUNKS = [
@@ -85,3 +86,10 @@ def test_fitted_model_separates_and_round_trips() -> None:
 def test_reciprocal_rank(labels: list[bool]) -> None:
     expected = 1 / (labels.index(True) + 1) if True in labels else 0.0
     assert reciprocal_rank(labels) == expected
+
+
+def test_without_drops_the_answers_and_reranks_what_is_left() -> None:
+    evidence = [Evidence(0.9, 0.8, 1, 1, 1), Evidence(0.7, None, 3, None, 2), Evidence(0.8, 0.2, 2, 2, 3)]
+    left = without(evidence, [True, False, False])
+    assert [(e.similarity, e.vector_rank, e.fulltext_rank, e.fused_rank) for e in left] == [
+        (0.7, 2, None, 1), (0.8, 1, 1, 2)]

@@ -42,8 +42,10 @@ class Command(BaseCommand):
                 continue
             self.stdout.write(f"{kb.name}：{profile.queries} 条伪查询，用时 {time.monotonic() - started:.0f} s；"
                               f"混合检索{'按模型排序' if profile.rank_hybrid else '保持 RRF 排序'}")
-            self.stdout.write("| 方式 | 自测问题数 | MRR 模型 | MRR 原有 | 精确率@0.5 | 召回率@0.5 |")
-            self.stdout.write("|---|---|---|---|---|---|")
+            self.stdout.write("| 方式 | 自测问题数 | MRR 模型 | MRR 原有 | 精确率@0.5 | 召回率@0.5 "
+                              "| 无答案时第一名（均值 / ≥0.5 的比例） |")
+            self.stdout.write("|---|---|---|---|---|---|---|")
             for mode, v in profile.validation.items():
                 self.stdout.write(f"| {mode} | {v['queries']} | {v['mrr_model']:.3f} | {v['mrr_original']:.3f} | "
-                                  f"{v['precision']:.3f} | {v['recall']:.3f} |")
+                                  f"{v['precision']:.3f} | {v['recall']:.3f} | "
+                                  f"{v['absent_top1_mean']:.3f} / {v['absent_top1_over_half']:.3f} |")
