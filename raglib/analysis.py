@@ -206,6 +206,50 @@ def normalize(text: str) -> str:
     return _converter().convert(unicodedata.normalize("NFKC", text)).lower()
 
 
+# ---------------------------------------------------------------- 繁简写法
+
+_HAN_CHAR = re.compile(f"[{_HAN}]")
+_s2t: Any = None
+# 一批文本里汉字不到这么多时不判断写法（英文库、数字为主的库）
+_SCRIPT_MIN_HAN = 200
+# 繁体文本经 t2s 会改变的汉字通常占一到三成，简体文本为 0：取一个远离两边的阈值
+_HANT_SHARE = 0.03
+
+
+def text_script(texts: Iterable[str]) -> str:
+    """一批文本的汉字写法：``"hant"``（繁体为主）、``"hans"``（简体为主），汉字太少时为 ``""``。"""
+    han = changed = 0
+    converter = _converter()
+    for text in texts:
+        chars = _HAN_CHAR.findall(text)
+        if not chars:
+            continue
+        han += len(chars)
+        run = "".join(chars)
+        changed += sum(a != b for a, b in zip(run, converter.convert(run), strict=False))
+    if han < _SCRIPT_MIN_HAN:
+        return ""
+    return "hant" if changed / han > _HANT_SHARE else "hans"
+
+
+def in_script(text: str, script: str) -> str:
+    """把文本转成给定写法（``hans`` 简体、``hant`` 繁体，其他原样返回）。
+
+    全文一路两边都先转简体，繁简天然互通；向量一路比的是模型对原文的理解，繁体问题问简体库（或反过来）时
+    相似度普遍偏低。检索时把问题转成知识库的写法再算向量（见 search.services），两边就是同一种写法。
+    """
+    if script == "hans":
+        return _converter().convert(text)
+    if script == "hant":
+        global _s2t
+        if _s2t is None:
+            from opencc import OpenCC
+
+            _s2t = OpenCC("s2t")
+        return str(_s2t.convert(text))
+    return text
+
+
 def _segment(run: str) -> tuple[Word, ...]:
     """一段纯汉字交给 jieba：精确模式的词 + 搜索模式的子词（与 jieba ``mode="search"`` 的规则相同：
     长于 2 字的词取词典里有的 2 字子串，长于 3 字的再取 3 字子串）。"""

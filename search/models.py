@@ -62,6 +62,8 @@ class RelevanceProfile(models.Model):
     embedding_model = models.CharField("拟合时的 embedding 模型", max_length=300)
     mode_models = models.JSONField("各方式的模型", default=dict)
     rank_hybrid = models.BooleanField("混合检索按模型排序", default=False)
+    # 分块的汉字写法（hans 简体、hant 繁体，汉字太少时为空）：向量一路先把问题转成这种写法再算向量
+    script = models.CharField("汉字写法", max_length=8, blank=True, default="")
     chunk_count = models.BigIntegerField("拟合时的可检索分块数")
     queries = models.PositiveIntegerField("伪查询数")
     seed = models.IntegerField("随机种子")

@@ -24,6 +24,7 @@ from django.db.models import Sum
 from documents.models import Document, DocumentChunk
 from infra.locks import advisory_lock
 from knowledge.models import KnowledgeBase
+from raglib.analysis import text_script
 from raglib.relevance import (
     MODE_FEATURES,
     Evidence,
@@ -142,6 +143,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": f"{kb.embedding_provider}:{kb.embedding_model}", "mode_models": mode_models,
             "rank_hybrid": bool(hybrid) and hybrid["mrr_model"] >= hybrid["mrr_original"],
+            "script": text_script(text for _, text in chunks),
             "chunk_count": len(chunks), "queries": len(made), "seed": seed, "validation": validation,
         })
     profiles.forget(kb.id)

@@ -25,7 +25,7 @@ from infra.metrics import SEARCH_DEGRADED, SEARCH_REQUESTS, SEARCH_STAGE_SECONDS
 from infra.principal import Principal
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import usable_knowledge_base
-from raglib import analysis as fulltext
+from raglib import analysis
 from raglib.fusion import (
     Fused,
     collapse_by,
@@ -44,7 +44,7 @@ from raglib.scoring import (
     match_ratio,
     vector_score,
 )
-from search.profiles import relevance_model
+from search.profiles import knowledge_base_script, relevance_model
 from search.query_embeddings import embed_query
 from search.rerankers import configured_reranker
 from search.retrieval import (
@@ -227,7 +227,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
         return  # 没有已完成摄取的文档：空数组，而不是错误（见 docs/INVARIANTS.md 的 EMPTY-KB-EMPTY-RESULT）
     limit = candidate_count(request.top_k)
     depth = path_depth(request.top_k, request.mode)
-    parsed = fulltext.parse_query(request.query, analyzer=settings.FULLTEXT_ANALYZER)
+    parsed = analysis.parse_query(request.query, analyzer=settings.FULLTEXT_ANALYZER)
     outcome.query_type = parsed.type
 
     while True:
@@ -286,7 +286,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
 
 
 def _retrieve(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, clock: _Clock, plan: SearchPlan,
-              parsed: fulltext.ParsedQuery, depth: int) -> tuple[dict[str, _PathResult], _PathResult | None]:
+              parsed: analysis.ParsedQuery, depth: int) -> tuple[dict[str, _PathResult], _PathResult | None]:
     """按方式跑一路或两路召回（两路并行），记录降级；返回可用的各路结果与全文一路（融合权重要用它）。"""
     vector_future: Future[_PathResult] | None = None
     if request.mode in ("hybrid", "vector"):
@@ -349,7 +349,7 @@ def _maybe(value: float | None, convert: Callable[[float], float]) -> float | No
     return None if value is None else convert(value)
 
 
-def _complete_evidence(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, candidates: list[SearchResult],
+def _complete_evidence(kb: KnowledgeBase, parsed: analysis.ParsedQuery, candidates: list[SearchResult],
                        paths: dict[str, _PathResult]) -> None:
     """两路都参与时，给每个候选补上它在另一路的真实证据：全文一路独有的候选算出余弦相似度，向量一路独有的
     候选算出完整的 BM25 分（见 docs/INVARIANTS.md 的 EVIDENCE-OWN）。名单外的候选不再借用名单末尾那条的值。"""
@@ -445,7 +445,9 @@ def _vector_path(kb: KnowledgeBase, request: SearchRequest, limit: int, plan: Se
     clock = _Clock(result.timings_ms)
     try:
         with clock.stage("embed"):
-            vector, result.cached = embed_query(kb.embedding_provider, kb.embedding_model, request.query)
+            # 问题先转成知识库分块的汉字写法（繁体问题问简体库时向量相似度普遍偏低，见 raglib.analysis.in_script）
+            text = analysis.in_script(request.query, knowledge_base_script(kb.id))
+            vector, result.cached = embed_query(kb.embedding_provider, kb.embedding_model, text)
             result.query_vector = vector
         with clock.stage("vector"):
             result.hits, result.method = vector_search(kb, vector, request.filters, limit, plan=plan,
@@ -457,7 +459,7 @@ def _vector_path(kb: KnowledgeBase, request: SearchRequest, limit: int, plan: Se
     return result
 
 
-def _fulltext_path(kb: KnowledgeBase, parsed: fulltext.ParsedQuery, filters: SearchFilters, limit: int,
+def _fulltext_path(kb: KnowledgeBase, parsed: analysis.ParsedQuery, filters: SearchFilters, limit: int,
                    clock: _Clock) -> _PathResult:
     result = _PathResult()
     try:

@@ -93,3 +93,15 @@ def test_without_drops_the_answers_and_reranks_what_is_left() -> None:
     left = without(evidence, [True, False, False])
     assert [(e.similarity, e.vector_rank, e.fulltext_rank, e.fused_rank) for e in left] == [
         (0.7, 2, None, 1), (0.8, 1, 1, 2)]
+
+
+def test_text_script_and_conversion() -> None:
+    from raglib.analysis import in_script, text_script
+
+    assert text_script(["中华人民共和国成立于一九四九年，首都是北京。" * 20]) == "hans"
+    assert text_script(["中華人民共和國成立於一九四九年，首都是北京。" * 20]) == "hant"
+    assert text_script(["only English text here"] * 50) == "" and text_script(["北京"]) == ""
+    assert in_script("投標截止時間是什麼時候", "hans") == "投标截止时间是什么时候"
+    assert in_script("投标截止时间是什么时候", "hant") == "投標截止時間是什麼時候"
+    assert in_script("When is the deadline?", "hant") == "When is the deadline?"
+    assert in_script("投标", "") == "投标"

@@ -110,3 +110,26 @@ def test_relevance_schedule_runs_on_the_maintenance_timeout(settings: Any) -> No
     schedule = Schedule.objects.get(name=RELEVANCE_SCHEDULE)
     assert schedule.func == RELEVANCE_TASK_FUNC and schedule.minutes == 10
     assert ast.literal_eval(schedule.kwargs) == {"q_options": {"timeout": 4321}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_vector_path_asks_in_the_script_of_the_knowledge_base(client_rw: Any, kb_factory: Any, fake_embedder: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """繁体库：简体问题先转成繁体再算向量（全文一路两边本来就都转简体）。"""
+    kb = kb_factory(chunking={"strategy": "token", "chunk_size": 48, "overlap": 0})
+    for index in range(6):
+        body = "\n\n".join(f"第{index}號文件的第{i}條說明：投標截止時間與評標辦法，需要記錄編號{index}{i}。"
+                           for i in range(8))
+        ingest_text(client_rw, kb, f"文件{index}.md", f"# 文件{index}\n\n{body}")
+    profile = relevance_fit(kb=kb, queries=20, seed=0)
+    assert profile is not None and profile.script == "hant"
+    asked: list[str] = []
+    real = services.embed_query
+
+    def recording(provider: str, model: str, text: str) -> Any:
+        asked.append(text)
+        return real(provider, model, text)
+
+    monkeypatch.setattr(services, "embed_query", recording)
+    services.search(kb, services.SearchRequest(query="投标截止时间", top_k=3, mode="vector", rerank=False))
+    assert asked == ["投標截止時間"]
