@@ -74,6 +74,8 @@ class EvaluationConfig:
     query_sets: dict[str, list[Query]] = field(default_factory=dict)
     # 查询向量也走磁盘缓存：反复评测时省掉模型时间（此时延迟不含查询向量化）
     cache_query_embeddings: bool = False
+    # 无关问题（另一个话题、另一种语言）：名称 → 问题文本；库里没有它们的答案，看每种方式第一名的分数有多低
+    unrelated: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +102,8 @@ class EvaluationReport:
     ingest_seconds: float
     modes: list[ModeReport]
     total_seconds: float = 0.0
+    # 无关问题上各方式第一名的分数：{名称: {方式: {"queries", "top1_mean", "top1_p95", "over_0.2", "over_0.5"}}}
+    unrelated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # 延迟是否含查询向量化：--cache-query-embeddings 时查询向量在计时之前就全部算好（各方式口径一致，都不含）
     latency_includes_query_embedding: bool = True
 
@@ -109,6 +113,7 @@ class EvaluationReport:
             "knowledge_base": self.knowledge_base, "ingest_seconds": round(self.ingest_seconds, 1),
             "total_seconds": round(self.total_seconds, 1),
             "latency_includes_query_embedding": self.latency_includes_query_embedding,
+            "unrelated": self.unrelated,
             "modes": {m.mode: {"queries": m.queries, "skipped": m.skipped or None, "degraded_queries":
                                m.degraded_queries, **{k: round(v, 4) for k, v in m.metrics.items()},
                                "latency_ms": {k: round(v, 1) for k, v in m.latency_ms.items()},
@@ -151,7 +156,30 @@ class EvaluationReport:
             lines += [f"| {r.mode} | {r.separation['precision']:.3f} | {r.separation['recall']:.3f} | "
                       f"{r.separation['kept_share']:.3f} | {r.separation.get('auc', float('nan')):.3f} |"
                       for r in scored]
+        for name, by_mode in self.unrelated.items():
+            lines += ["", f"无关问题 {name}（库里没有答案）上第一名的分数", "",
+                      "| 方式 | 问题数 | 均值 | p95 | > 0.2 的比例 | ≥ 0.5 的比例 |", "|---|---|---|---|---|---|"]
+            lines += [f"| {mode} | {v['queries']:.0f} | {v['top1_mean']:.3f} | {v['top1_p95']:.3f} | "
+                      f"{v['over_0.2']:.3f} | {v['over_0.5']:.3f} |" for mode, v in by_mode.items()]
         return "\n".join(lines)
+
+
+def unrelated_top_scores(kb: KnowledgeBase, texts: Sequence[str], modes: Sequence[str],
+                         progress: Progress = no_progress, label: str = "") -> dict[str, dict[str, float]]:
+    """无关问题上每种方式第一名的分数（没有结果记 0）：分数可信的话，它们都应当很低。"""
+    out: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        if mode not in MODES or MODES[mode][1]:
+            continue  # 参照 BM25 没有对外分数；重排序的分数另有来源
+        search_mode, _ = MODES[mode]
+        top = []
+        for text in progress(list(texts), f"{mode}@{label}"):
+            outcome = services.search(kb, services.SearchRequest(query=text, top_k=1, mode=search_mode, rerank=False))
+            top.append(outcome.results[0].score if outcome.results else 0.0)
+        out[mode] = {"queries": len(top), "top1_mean": sum(top) / max(len(top), 1),
+                     "top1_p95": percentile(top, 95), "over_0.2": sum(s > 0.2 for s in top) / max(len(top), 1),
+                     "over_0.5": sum(s >= 0.5 for s in top) / max(len(top), 1)}
+    return out
 
 
 def score_separation(pairs: Sequence[tuple[float, bool]], threshold: float) -> dict[str, float]:
@@ -360,9 +388,12 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
             if config.cache_query_embeddings:
                 # 计时之前把全部问题的向量算好：否则第一种用到向量的方式替后面的方式付了模型时间，延迟口径不一
                 texts = [q.text for queries in (dataset.queries, *config.query_sets.values()) for q in queries]
+                texts += [text for unrelated in config.unrelated.values() for text in unrelated]
                 for text in progress(list(dict.fromkeys(texts)), "预计算查询向量"):
                     provider.embed_query(text)
             reports = _evaluate_all(kb, dataset, config, progress)
+            unrelated = {name: unrelated_top_scores(kb, texts, config.modes, progress, name)
+                         for name, texts in config.unrelated.items()}
         report = EvaluationReport(
             dataset=dataset.name, level=dataset.level, chunking=config.chunking,
             embedding={"provider": kb.embedding_provider, "model": kb.embedding_model,
@@ -372,7 +403,7 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
                             "failed_documents": statuses.get(Document.Status.FAILED, 0),
                             "chunks": DocumentChunk.objects.filter(knowledge_base=kb).exclude(role="parent").count()},
             ingest_seconds=0.0 if reuse else ingest_seconds, modes=reports,
-            latency_includes_query_embedding=not config.cache_query_embeddings,
+            latency_includes_query_embedding=not config.cache_query_embeddings, unrelated=unrelated,
         )
     finally:
         if not (config.keep or reuse):

@@ -202,6 +202,23 @@ def test_no_progress_still_prints_each_stage(tmp_path: Path, fake_embedder: Any,
     assert any(line.startswith("fulltext：完成") for line in lines)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_unrelated_queries_report_the_top_score_per_mode(tmp_path: Path, fake_embedder: Any) -> None:
+    root = _write_dataset(tmp_path / "tiny")
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"_id": f"u{i}", "text": text}, ensure_ascii=False) + "\n"
+                             for i, text in enumerate(["量子色动力学的渐近自由", "How do glaciers move?"])),
+                     encoding="utf-8")
+    output = tmp_path / "report.json"
+    call_command("evaluate", str(root), "--modes", "vector,fulltext,hybrid", "--unrelated", f"other={other}",
+                 "--output", str(output), "--no-progress")
+    report = json.loads(output.read_text(encoding="utf-8"))
+    by_mode = report["unrelated"]["other"]
+    assert set(by_mode) == {"vector", "fulltext", "hybrid"}
+    assert all(v["queries"] == 2 and 0.0 <= v["top1_mean"] <= 1.0 for v in by_mode.values())
+    assert by_mode["fulltext"]["top1_mean"] == 0.0  # 库里一个查询词都没有：全文一路没有结果
+
+
 @pytest.mark.django_db
 def test_evaluate_rejects_bad_options(tmp_path: Path) -> None:
     root = _write_dataset(tmp_path / "tiny")

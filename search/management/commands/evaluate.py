@@ -23,6 +23,9 @@ from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, co
 ALL_MODES = (*MODES, REFERENCE_MODE)
 
 
+# 无关问题集每个最多取这么多条：看分数的分布，几百条足够
+UNRELATED_LIMIT = 300
+
 def _stage_lines(stream: Any) -> Any:
     """``--no-progress``：不画进度条（日志文件里不好看），但每个阶段开始、结束各打一行，长评测不会一小时没有输出。"""
 
@@ -59,6 +62,9 @@ class Command(BaseCommand):
         parser.add_argument("--modes", default=",".join(ALL_MODES),
                             help=f"逗号分隔的检索方式，可选 {', '.join(ALL_MODES)}（默认全部；{REFERENCE_MODE} 是"
                                  "在同一批分块上用 Python 算的教科书 BM25，作对照）")
+        parser.add_argument("--unrelated", action="append", default=[], metavar="NAME=QUERIES.jsonl",
+                            help="无关问题集（可重复）：另一个话题或另一种语言的问题，库里没有答案；报告各方式第一名的分数"
+                                 f"（取按 id 排序的前 {UNRELATED_LIMIT} 条）")
         parser.add_argument("--query-set", action="append", default=[], metavar="NAME=QUERIES.jsonl",
                             help="附加问题集（可重复）：同一批问题 id 的另一种写法，例如另一种语言的问题检索本知识库；"
                                  "沿用主 qrels，结果标为 方式@NAME")
@@ -93,7 +99,8 @@ class Command(BaseCommand):
         kb = self._reused(options["reuse_kb"])
         config = EvaluationConfig(chunking=options["chunking"], embedding_provider=options["embedding_provider"],
                                   embedding_model=options["embedding_model"], modes=modes, keep=options["keep"],
-                                  query_sets=query_sets, cache_query_embeddings=options["cache_query_embeddings"])
+                                  query_sets=query_sets, cache_query_embeddings=options["cache_query_embeddings"],
+                                  unrelated=self._unrelated(options["unrelated"]))
         self.stderr.write(f"{dataset.name}：{len(dataset.units)} 个{'段落' if dataset.level == 'passage' else '文档'}，"
                           f"{len(dataset.queries)} 个问题，方式 {', '.join(modes)}")
         progress = _stage_lines(self.stderr) if options["no_progress"] else _progress
@@ -115,6 +122,21 @@ class Command(BaseCommand):
             self.stdout.write("\n" + compare_reports(previous, report.as_dict()))
         self.stdout.write(f"\n总用时 {report.total_seconds:.0f} s" + ("" if config.keep or kb else
                                                                    "（知识库已删除）"))
+
+    @staticmethod
+    def _unrelated(specs: Sequence[str]) -> dict[str, list[str]]:
+        """``NAME=FILE`` → 该文件里的问题文本（按 id 排序，取前 ``UNRELATED_LIMIT`` 条）。"""
+        sets: dict[str, list[str]] = {}
+        for spec in specs:
+            name, sep, path = spec.partition("=")
+            if not sep or not name.strip() or not path or name in sets:
+                raise CommandError(f"--unrelated expects a unique NAME=QUERIES.jsonl, got {spec!r}")
+            try:
+                queries = sorted(read_queries(Path(path)), key=lambda q: q.id)
+            except DatasetError as exc:
+                raise CommandError(str(exc)) from exc
+            sets[name.strip()] = [q.text for q in queries[:UNRELATED_LIMIT]]
+        return sets
 
     @staticmethod
     def _query_sets(specs: Sequence[str], main: Sequence[Query]) -> dict[str, list[Query]]:
