@@ -8,7 +8,7 @@
 - 伪查询（:func:`pseudo_queries`）：从分块里抽一句话，随机去掉约三分之一的字（中文）或词（其他文字），
   模仿“问题与原文部分重合”的真实提问；这句话原文出现在哪些分块里，哪些分块就是它的相关结果
   （相邻分块的重叠部分也算，避免把真相关当成反例）。
-- 特征（:func:`candidate_features`）：余弦相似度、BM25 匹配程度（0~1）、各自与本查询最好那条的差、
+- 特征（:func:`candidate_features`）：余弦相似度、BM25 匹配程度（0~1）、各自相对本查询最好那条的差或比例、
   在两路里的名次（取对数）、查询在本库的覆盖率、两路是否都找到它。差值特征让概率跨查询可比：同样 0.85 的余弦，
   在最好只有 0.86 的查询里和在最好有 0.95 的查询里意义不同。
 - 模型（:class:`RelevanceModel`）：特征标准化后的 L2 逻辑回归，牛顿法拟合（:func:`fit_logistic`），
@@ -34,8 +34,8 @@ L2 = 1.0
 # 各检索方式用到的特征（顺序即模型权重的顺序）
 MODE_FEATURES: dict[str, tuple[str, ...]] = {
     "vector": ("similarity", "similarity_gap", "vector_rank"),
-    "fulltext": ("match", "match_gap", "fulltext_rank", "coverage"),
-    "hybrid": ("similarity", "similarity_gap", "vector_rank", "match", "match_gap", "fulltext_rank", "coverage",
+    "fulltext": ("match", "match_share", "fulltext_rank", "coverage"),
+    "hybrid": ("similarity", "similarity_gap", "vector_rank", "match", "match_share", "fulltext_rank", "coverage",
                "both", "fused_rank"),
 }
 
@@ -88,7 +88,9 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
             "similarity_gap": similarity - best_similarity,
             "vector_rank": _log_rank(c.vector_rank, depth),
             "match": match,
-            "match_gap": match - best_match,
+            # 相对本次最好的那条：用比例而不是差——一个词都没匹配上的查询，最好的那条也是 0，
+            # 差为 0 会被当成“和最好的一样好”
+            "match_share": match / best_match if best_match > 0 else 0.0,
             "fulltext_rank": _log_rank(c.fulltext_rank, depth),
             "coverage": coverage,
             "both": 1.0 if c.vector_rank is not None and c.fulltext_rank is not None else 0.0,
@@ -107,21 +109,30 @@ class RelevanceModel:
     scale: tuple[float, ...]
     weights: tuple[float, ...]
     bias: float
+    # 训练时各特征的取值范围：预测时先截到这个范围里。线性模型在没见过的取值上外推会给出离谱的概率——
+    # 伪查询的覆盖率都在 0.6 以上，英文问题问中文库时覆盖率接近 0，不截断时它能把概率推到 0.9
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
 
     def probability(self, row: Mapping[str, float]) -> float:
-        z = self.bias + sum(w * (row[name] - m) / s for name, m, s, w
-                            in zip(self.features, self.mean, self.scale, self.weights, strict=True))
+        values = [row[name] for name in self.features]
+        if self.low and self.high:
+            values = [min(max(v, lo), hi) for v, lo, hi in zip(values, self.low, self.high, strict=True)]
+        z = self.bias + sum(w * (v - m) / s for v, m, s, w in zip(values, self.mean, self.scale, self.weights,
+                                                                  strict=True))
         return 1 / (1 + math.exp(-min(max(z, -30.0), 30.0)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "features": list(self.features), "mean": list(self.mean),
-                "scale": list(self.scale), "weights": list(self.weights), "bias": self.bias}
+                "scale": list(self.scale), "weights": list(self.weights), "bias": self.bias,
+                "low": list(self.low), "high": list(self.high)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RelevanceModel:
         return cls(str(data["mode"]), tuple(data["features"]), tuple(float(v) for v in data["mean"]),
                    tuple(float(v) for v in data["scale"]), tuple(float(v) for v in data["weights"]),
-                   float(data["bias"]))
+                   float(data["bias"]), tuple(float(v) for v in data.get("low", ())),
+                   tuple(float(v) for v in data.get("high", ())))
 
 
 def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[bool]) -> RelevanceModel:
@@ -134,7 +145,8 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[b
     scale[scale < 1e-9] = 1.0
     weights, bias = fit_logistic((x - mean) / scale, y, l2=L2)
     return RelevanceModel(mode, names, tuple(float(v) for v in mean), tuple(float(v) for v in scale),
-                          tuple(float(v) for v in weights), bias)
+                          tuple(float(v) for v in weights), bias, tuple(float(v) for v in x.min(axis=0)),
+                          tuple(float(v) for v in x.max(axis=0)))
 
 
 # ---------------------------------------------------------------- 伪查询

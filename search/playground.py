@@ -103,7 +103,7 @@ class PlaygroundForm(forms.Form):
 # 相关概率模型的特征（raglib.relevance）在调试页上的名字
 FEATURE_LABELS = {
     "similarity": "余弦相似度", "similarity_gap": "与最好一条的相似度差", "vector_rank": "向量名次（对数）",
-    "match": "全文匹配程度", "match_gap": "与最好一条的匹配差", "fulltext_rank": "全文名次（对数）",
+    "match": "全文匹配程度", "match_share": "匹配程度占最好一条的比例", "fulltext_rank": "全文名次（对数）",
     "coverage": "查询在库中的覆盖率", "both": "两路都找到", "fused_rank": "RRF 名次（对数）",
 }
 

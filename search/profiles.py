@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
-from raglib.relevance import RelevanceModel
+from raglib.relevance import MODE_FEATURES, RelevanceModel
 from search.models import RelevanceProfile
 
 
@@ -27,11 +27,18 @@ _cache: TTLCache[uuid.UUID, _Profile] = TTLCache(maxsize=4096, ttl=30)
 _lock = threading.Lock()
 
 
+def current(model: RelevanceModel) -> bool:
+    """模型的特征是否就是当前代码为这种方式算的那些。"""
+    return model.features == MODE_FEATURES.get(model.mode)
+
+
 def _load(kb_id: uuid.UUID) -> _Profile:
     profile = RelevanceProfile.objects.filter(knowledge_base_id=kb_id).first()
     if profile is None:
         return _EMPTY
-    models = {mode: RelevanceModel.from_dict(data) for mode, data in profile.mode_models.items()}
+    # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
+    models = {mode: model for mode, data in profile.mode_models.items()
+              if current(model := RelevanceModel.from_dict(data))}
     if not profile.rank_hybrid:
         # 自测里模型排序不如 RRF：混合检索保持原来的做法（单路检索的排序就是该路的名次，模型只给分数）
         models.pop("hybrid", None)

@@ -159,8 +159,11 @@ def relevance_forget(*, kb: KnowledgeBase) -> None:
 
 
 def profiles_due() -> list[KnowledgeBase]:
-    """需要（重新）拟合的启用知识库。分块数取已完成文档的 ``chunk_count`` 之和（按文档表汇总，不数分块表：
+    """需要（重新）拟合的启用知识库：还没有模型、模型的特征已过时（升级之后），或分块数变化较大。
+    分块数取已完成文档的 ``chunk_count`` 之和（按文档表汇总，不数分块表：
     百万分块的库上数分块表是一次全表扫描）。"""
+    outdated = {profile.knowledge_base_id for profile in RelevanceProfile.objects.all()
+                if not all(profiles.current(RelevanceModel.from_dict(data)) for data in profile.mode_models.values())}
     counts = dict(Document.objects.filter(status=Document.Status.COMPLETED).values_list("knowledge_base_id")
                   .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
     fitted = dict(RelevanceProfile.objects.values_list("knowledge_base_id", "chunk_count"))
@@ -170,7 +173,7 @@ def profiles_due() -> list[KnowledgeBase]:
         before = fitted.get(kb.id)
         if chunks < MIN_CHUNKS:
             continue
-        if before is None or abs(chunks - before) > REFIT_CHANGE * max(before, 1):
+        if before is None or kb.id in outdated or abs(chunks - before) > REFIT_CHANGE * max(before, 1):
             due.append(kb)
     return due
 

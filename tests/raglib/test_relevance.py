@@ -50,7 +50,7 @@ def test_pseudo_queries_are_deterministic_and_drop_part_of_a_sentence() -> None:
 def test_candidate_features_are_relative_to_the_best_candidate() -> None:
     rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50)
     assert rows[0]["similarity_gap"] == 0.0 and rows[1]["similarity_gap"] == pytest.approx(-0.1)
-    assert rows[1]["match"] == 0.0 and rows[1]["match_gap"] == -0.5
+    assert rows[1]["match"] == 0.0 and rows[1]["match_share"] == 0.0 and rows[0]["match_share"] == 1.0
     assert rows[1]["fulltext_rank"] == pytest.approx(math.log1p(51))  # 没进全文名单：按名单之后一名计
     assert (rows[0]["both"], rows[1]["both"]) == (1.0, 0.0) and rows[0]["coverage"] == 0.7
     assert set(rows[0]) >= set(MODE_FEATURES["hybrid"])
@@ -80,6 +80,11 @@ def test_fitted_model_separates_and_round_trips() -> None:
     negative = np.mean([s for s, label in zip(scores, labels, strict=True) if not label])
     assert positive > 0.5 > negative
     assert RelevanceModel.from_dict(model.as_dict()) == model
+    # 训练范围之外的取值先截断：极端的相似度不会把概率外推到训练里没见过的地方
+    far = {"similarity": 5.0, "similarity_gap": 0.0, "vector_rank": math.log1p(1)}
+    edge = {"similarity": max(row["similarity"] for row in rows), "similarity_gap": 0.0,
+            "vector_rank": math.log1p(1)}
+    assert model.probability(far) == pytest.approx(model.probability(edge))
 
 
 @given(st.lists(st.booleans(), max_size=20))
