@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+import signal
 
 import numpy as np
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.urls import reverse
 
@@ -42,6 +43,24 @@ def test_reindex_command_by_document_and_kb(client_rw, kb_factory, run_on_commit
     after = set(DocumentChunk.objects.values_list("id", flat=True))
     assert len(after) == len(before) and not (after & before)
     assert all(d.status == "completed" and d.reindex_status == "" for d in Document.objects.all())
+
+
+def test_reindex_command_takes_a_name_says_not_found_and_restores_signal_handlers(client_rw, kb_factory,
+                                                                                   run_on_commit, fake_embedder):
+    """--kb 接受名称或 id；找不到时说“找不到”而不是“没有文档”；命令结束后进程原来的信号处理器原样恢复
+    （以前装上就不还，在同一进程里跑过它的测试再也无法用 SIGTERM/SIGINT 停下来）。"""
+    kb = kb_factory(name="标书库")
+    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    out = io.StringIO()
+    call_command("reindex", "--kb", "标书库", stdout=out)
+    assert "1 成功，0 失败" in out.getvalue()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    with pytest.raises(CommandError, match="not found"):
+        call_command("reindex", "--kb", "没有这个库", stdout=io.StringIO())
+    empty = kb_factory(name="空库")
+    with pytest.raises(CommandError, match="no completed or failed documents in knowledge base '空库'"):
+        call_command("reindex", "--kb", str(empty.id), stdout=io.StringIO())
 
 
 def test_reindex_command_reports_failures(kb_factory, fake_embedder):

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from documents.api.item_serializers import ItemEntrySerializer, item_input
 from documents.domains import DomainSyncStats, domain_sync
 from documents.items import ItemInput
 from infra.principal import SYSTEM_PRINCIPAL
-from infra.progress import write_progress
+from infra.progress import graceful_stop, write_progress
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import parse_uuid
 from knowledge.services import knowledge_base_create
@@ -78,31 +77,25 @@ class Command(BaseCommand):
         if not files:
             raise CommandError(f"no *.json knowledge files in {directory}")
         kb = self._knowledge_base(options["kb"], create=not options["dry_run"])
-        stop = {"requested": False}
-
-        def request_stop(signum: int, frame: Any) -> None:
-            stop["requested"] = True  # 当前 domain 做完再停
-
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
         started = time.monotonic()
         totals = dict.fromkeys(_TOTALS, 0)
         problems = 0
-        for path in files:
-            if stop["requested"]:
-                self.stderr.write("收到停止信号，已中止")
-                break
-            try:
-                domain, version, items, invalid = load_domain_file(path)
-            except DomainFileError as exc:
-                self.stderr.write(str(exc))
-                problems += 1
-                continue
-            stats = self._sync(kb, domain, version, items, options["dry_run"], invalid) if kb else self._new_domain(
-                domain, version, items, invalid)
-            for key in _TOTALS:
-                totals[key] += getattr(stats, key)
-            problems += stats.failed
+        with graceful_stop() as stop:  # 当前 domain 做完再停
+            for path in files:
+                if stop.requested:
+                    self.stderr.write("收到停止信号，已中止")
+                    break
+                try:
+                    domain, version, items, invalid = load_domain_file(path)
+                except DomainFileError as exc:
+                    self.stderr.write(str(exc))
+                    problems += 1
+                    continue
+                stats = (self._sync(kb, domain, version, items, options["dry_run"], invalid) if kb
+                         else self._new_domain(domain, version, items, invalid))
+                for key in _TOTALS:
+                    totals[key] += getattr(stats, key)
+                problems += stats.failed
         self.stdout.write(
             "合计：" + "，".join(f"{key} {value}" for key, value in totals.items())
             + f"，耗时 {time.monotonic() - started:.2f} s" + ("（dry run，未写入）" if options["dry_run"] else ""))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from typing import Any
@@ -15,8 +14,8 @@ from documents.models import Document
 from infra.context import task_context
 from infra.errors import ApplicationError
 from infra.principal import SYSTEM_PRINCIPAL
-from infra.progress import write_progress
-from knowledge.selectors import parse_uuid
+from infra.progress import graceful_stop, write_progress
+from knowledge.selectors import knowledge_base_by_name_or_id, parse_uuid
 
 
 class Command(BaseCommand):
@@ -24,34 +23,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         target = parser.add_mutually_exclusive_group(required=True)
-        target.add_argument("--kb", metavar="KB_ID", help="知识库 id")
+        target.add_argument("--kb", metavar="KB", help="知识库名称或 id")
         target.add_argument("--document", metavar="DOCUMENT_ID", help="文档 id")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["document"]:
             ids = [options["document"]]
         else:
-            kb_id = parse_uuid(options["kb"])
+            kb = knowledge_base_by_name_or_id(options["kb"])
+            if kb is None:
+                raise CommandError(f"knowledge base {options['kb']!r} not found (give its name or id)")
             ids = list(Document.objects.filter(
-                knowledge_base_id=kb_id, status__in=[Document.Status.COMPLETED, Document.Status.FAILED]
-            ).order_by("created_at").values_list("id", flat=True)) if kb_id else []
+                knowledge_base=kb, status__in=[Document.Status.COMPLETED, Document.Status.FAILED]
+            ).order_by("created_at").values_list("id", flat=True))
             if not ids:
-                raise CommandError(f"no completed or failed documents in knowledge base {options['kb']!r}")
-        stop = {"requested": False}
-
-        def request_stop(signum: int, frame: Any) -> None:
-            stop["requested"] = True  # 当前文档做完再停，不留半截状态
-
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
+                raise CommandError(f"no completed or failed documents in knowledge base {kb.name!r}")
         failures = 0
         started = time.monotonic()
-        for done, document_id in enumerate(ids, start=1):
-            if stop["requested"]:
-                self.stderr.write("收到停止信号，已中止")
-                break
-            failures += not self._reindex_one(str(document_id))
-            write_progress(self.stdout, done, len(ids), started, "文档")
+        with graceful_stop() as stop:  # 当前文档做完再停，不留半截状态
+            for done, document_id in enumerate(ids, start=1):
+                if stop.requested:
+                    self.stderr.write("收到停止信号，已中止")
+                    break
+                failures += not self._reindex_one(str(document_id))
+                write_progress(self.stdout, done, len(ids), started, "文档")
         self.stdout.write("")
         self.stdout.write(f"完成：{len(ids) - failures} 成功，{failures} 失败")
         if failures:
