@@ -96,7 +96,7 @@ class _Prepared:
 
 
 def item_options(kb: KnowledgeBase) -> ChunkingOptions:
-    """条目的分块参数：默认 recursive 1000/200，知识库的 ``item_chunking`` 可覆盖。"""
+    """条目的分块参数：默认 paragraph（按段落），知识库的 ``item_chunking`` 可覆盖。"""
     return chunking_options(ITEM_CHUNKING_DEFAULTS, kb.item_chunking, field_name="item_chunking")
 
 

@@ -50,7 +50,7 @@ class KnowledgeBase(models.Model):
                                           default=VectorCompression.HALFVEC)
     # 默认分块参数（strategy/chunk_size/overlap/parent_size），上传时可逐个文档覆盖
     chunking = models.JSONField("分块参数", default=dict, blank=True)
-    # 知识条目的分块参数（默认 recursive 1000/200 字符）；空表示取默认值
+    # 知识条目的分块参数（默认 paragraph：按段落，过长的段按 1000/200 字符再切）；空表示取默认值
     item_chunking = models.JSONField("条目分块参数", default=dict, blank=True)
 
     class Meta:

@@ -11,8 +11,9 @@ from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 from raglib.chunking import ChunkingOptions
 
 _FIELDS = {f.name for f in fields(ChunkingOptions)}
-# 知识条目的默认分块：按字符递归切分 1000/200，优先段落、句子边界（见 docs/INVARIANTS.md 的 RECURSIVE-SPLIT）
-ITEM_CHUNKING_DEFAULTS: dict[str, Any] = {"strategy": "recursive"}
+# 知识条目的默认分块：按段落，块不跨段落（过长的段在段内按字符递归切 1000/200）——Agent 按段落改条目，
+# 改一段只重算那一段的块（见 raglib.chunking.paragraphs 与 docs/INVARIANTS.md 的 ITEM-PARAGRAPH-EDIT）
+ITEM_CHUNKING_DEFAULTS: dict[str, Any] = {"strategy": "paragraph"}
 
 
 def chunking_options(*layers: dict[str, Any], field_name: str = "chunking") -> ChunkingOptions:

@@ -329,7 +329,7 @@ OCR_ENGINE = env_str("RAG_OCR_ENGINE", "auto", "OCR 引擎：auto 优先 rapidoc
 TOKENIZER = env_str("RAG_TOKENIZER", "", "分块用的 tokenizer：tokenizer.json 路径、含它的目录或 hub id；"
                     "默认用随包附带的 XLM-RoBERTa 词表（与 BGE-M3 相同）")
 CHUNK_STRATEGY = env_str("RAG_CHUNK_STRATEGY", "token", "新建知识库的默认分块策略",
-                         choices=("token", "semantic", "recursive", "parent_child"))
+                         choices=("token", "semantic", "recursive", "parent_child", "paragraph"))
 CHUNK_SIZE = env_int("RAG_CHUNK_SIZE", 512, "token 分块的默认块大小（token）", minimum=16)
 CHUNK_OVERLAP = env_int("RAG_CHUNK_OVERLAP", 64, "token 分块的默认重叠（token）", minimum=0)
 ITEM_SYNC_MAX_CHUNKS = env_int("RAG_ITEM_SYNC_MAX_CHUNKS", 2,

@@ -22,7 +22,8 @@ class EmbeddingChoiceSerializer(StrictSerializer):
 class ChunkingSerializer(StrictSerializer):
     """分块参数；未给的键取该策略的默认值。"""
 
-    strategy = serializers.ChoiceField(choices=["token", "semantic", "recursive", "parent_child"], required=False)
+    strategy = serializers.ChoiceField(choices=["token", "semantic", "recursive", "parent_child", "paragraph"],
+                                       required=False)
     chunk_size = serializers.IntegerField(min_value=1, required=False)
     overlap = serializers.IntegerField(min_value=0, required=False, help_text="必须小于 chunk_size（跨字段约束，400）")
     parent_size = serializers.IntegerField(min_value=1, required=False,
@@ -35,7 +36,8 @@ class KnowledgeBaseCreateSerializer(StrictSerializer):
     embedding = EmbeddingChoiceSerializer(required=False,
                                           help_text="默认取 RAG_EMBEDDING_PROVIDER / RAG_EMBEDDING_MODEL")
     chunking = ChunkingSerializer(required=False, help_text="该知识库的默认分块参数，上传时可覆盖")
-    item_chunking = ChunkingSerializer(required=False, help_text="知识条目的分块参数，默认 recursive 1000/200 字符")
+    item_chunking = ChunkingSerializer(
+        required=False, help_text="知识条目的分块参数，默认 paragraph（按段落，过长的段按 1000/200 字符再切）")
     vector_compression = serializers.ChoiceField(
         choices=KnowledgeBase.VectorCompression.choices, required=False,
         help_text="大知识库自己的 HNSW 索引里存的向量：halfvec（默认，半精度 + 精确重排）、none（float32）、"

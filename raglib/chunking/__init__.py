@@ -1,4 +1,4 @@
-"""文档分块：BGE-M3（XLM-R）tokenizer 计数，四种策略（token / semantic / recursive / parent_child）。
+"""文档分块：BGE-M3（XLM-R）tokenizer 计数，五种策略（token / semantic / recursive / parent_child / paragraph）。
 
 算法全部是纯函数（不做 I/O、不依赖 Django），见各子模块的说明：
 
@@ -9,6 +9,7 @@
 - ``token_chunker``：按 token 上限与切分点优先级分块，带重叠；
 - ``semantic``：语义断崖检测（相邻相似度、百分位阈值、合并）；
 - ``recursive``：LangChain 风格的递归字符分块；
+- ``paragraphs``：按段落分块（块不跨段落，知识条目的默认）；
 - ``core``：入口 ``chunk_text``。
 """
 

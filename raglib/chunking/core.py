@@ -6,6 +6,7 @@ import numpy as np
 
 from raglib.chunking.markdown import MarkdownLayout
 from raglib.chunking.options import ChunkDraft, ChunkingOptions, ChunkRole, EmbedFn
+from raglib.chunking.paragraphs import paragraph_spans
 from raglib.chunking.recursive import recursive_split
 from raglib.chunking.semantic import adjacent_similarities, find_cliffs, merge_into_chunks
 from raglib.chunking.sentences import sentence_spans
@@ -38,8 +39,8 @@ def chunk_text(
     layout = MarkdownLayout.parse(markdown)
     if options.strategy == "token":
         return _token(markdown, layout, options, tokenizer)
-    if options.strategy == "recursive":
-        return _recursive(markdown, layout, options, tokenizer)
+    if options.strategy in ("recursive", "paragraph"):
+        return _by_characters(markdown, layout, options, tokenizer)
     if options.strategy == "parent_child":
         return _parent_child(markdown, layout, options, tokenizer)
     assert embed is not None
@@ -72,10 +73,11 @@ def _token(markdown: str, layout: MarkdownLayout, options: ChunkingOptions, toke
     return [_draft(markdown, layout, (p.start, p.end), p.token_count) for p in pieces]
 
 
-def _recursive(
+def _by_characters(
     markdown: str, layout: MarkdownLayout, options: ChunkingOptions, tokenizer: Tokenizer
 ) -> list[ChunkDraft]:
-    spans = recursive_split(markdown, options.chunk_size, options.overlap)
+    split = paragraph_spans if options.strategy == "paragraph" else recursive_split
+    spans = split(markdown, options.chunk_size, options.overlap)
     counts = tokenizer.count_many([markdown[start:end] for start, end in spans])
     return [_draft(markdown, layout, span, count) for span, count in zip(spans, counts, strict=True)]
 

@@ -19,7 +19,7 @@ __all__ = [
     "EmbedFn",
 ]
 
-ChunkStrategy = Literal["token", "semantic", "recursive", "parent_child"]
+ChunkStrategy = Literal["token", "semantic", "recursive", "parent_child", "paragraph"]
 ChunkRole = Literal["chunk", "parent", "child"]
 
 # 批量 embedding：输入 n 段文本，返回 (n, d) 的 L2 归一化矩阵
@@ -39,12 +39,13 @@ class _Auto(int):
 # 字段缺省为 AUTO 表示"按 strategy 取默认值"，在 __post_init__ 中替换成具体数值
 AUTO: Final[int] = _Auto(-1)
 
-# 各策略的默认参数。recursive 的 chunk_size/overlap 单位是字符，其余是 token。
+# 各策略的默认参数。recursive 与 paragraph 的 chunk_size/overlap 单位是字符，其余是 token。
 STRATEGY_DEFAULTS: Final[dict[str, dict[str, int]]] = {
     "token": {"chunk_size": 512, "overlap": 64, "parent_size": 1024},
     "semantic": {"chunk_size": 512, "overlap": 0, "parent_size": 1024},
     "recursive": {"chunk_size": 1000, "overlap": 200, "parent_size": 1024},
     "parent_child": {"chunk_size": 256, "overlap": 32, "parent_size": 1024},
+    "paragraph": {"chunk_size": 1000, "overlap": 200, "parent_size": 1024},
 }
 
 
@@ -53,7 +54,7 @@ class ChunkingOptions:
     """一次分块的全部参数；构造后不可变，``validate()`` 给出清晰的错误信息。
 
     - ``chunk_size``：token 策略为每块最大 token 数；semantic 为强制切分的上限（token）；
-      recursive 为每块最大**字符**数；parent_child 为子块最大 token 数。
+      recursive 与 paragraph 为每块最大**字符**数；parent_child 为子块最大 token 数。
     - ``overlap``：相邻块的重叠上限（recursive 为字符，其余为 token）；semantic 不使用。
     - ``parent_size``：parent_child 的父块最大 token 数（父块之间不重叠）。
     - ``cliff_percentile``：semantic 的断崖分位数（默认第 20 百分位）。
@@ -95,7 +96,7 @@ class ChunkingOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        unit = "characters" if self.strategy == "recursive" else "tokens"
+        unit = "characters" if self.strategy in ("recursive", "paragraph") else "tokens"
         if self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be > 0 {unit}, got {self.chunk_size}")
         if not 0 <= self.overlap < self.chunk_size:

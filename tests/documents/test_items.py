@@ -91,6 +91,25 @@ def test_editing_one_paragraph_re_embeds_only_changed_chunks(client_rw: Any, kb_
     assert DocumentChunk.objects.filter(document=document).count() == 20
 
 
+def test_shortening_one_short_paragraph_re_embeds_one_chunk_synchronously(
+        client_rw: Any, kb_factory: Any, fake_embedder: FakeEmbedder, django_capture_on_commit_callbacks: Any) -> None:
+    """ITEM-PARAGRAPH-EDIT：12 段、每段约 370 字符的条目（每段一块），把其中一段改短一半：只重算那一段的块
+    （数模型调用），而且仍在请求内同步完成。以前的 recursive 1000/200 把两段打包成一块、带重叠，同样的修改
+    让后面的块边界整体移动：6 块里 5 块要重算，还得排队。"""
+    kb = kb_factory()
+    parts = [f"第{i}条：" + f"条目第{i}段讲的是第{i}件事，" * 28 for i in range(12)]
+    with django_capture_on_commit_callbacks(execute=True):  # 新建 12 块超过同步上限，经队列完成
+        assert put(client_rw, kb, "short", content="\n\n".join(parts)).status_code == 202
+    document = Document.objects.get(external_id="short")
+    assert document.chunk_count == 12
+    fake_embedder.calls.clear()
+    parts[3] = parts[3][: len(parts[3]) // 2]
+    edited = put(client_rw, kb, "short", content="\n\n".join(parts))
+    assert edited.status_code == 200 and edited.json()["result"] == "updated"
+    assert edited.json()["chunks_embedded"] == 1 == sum(fake_embedder.calls)
+    assert edited.json()["chunks_reused"] == 11
+
+
 def test_failed_update_keeps_old_version_searchable(client_rw: Any, kb_factory: Any,
                                                     fake_embedder: FakeEmbedder) -> None:
     kb = kb_factory()

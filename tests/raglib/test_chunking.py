@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -867,3 +868,30 @@ def test_chunking_200kb_chinese_is_fast() -> None:
     # 宽松的上限，防止 O(n²) 回归；实测单核约 0.2-0.4 s
     assert timings["token"] < 5.0, timings
     assert max(timings.values()) < 10.0, timings
+
+
+# ---------------------------------------------------------------- paragraph（知识条目的默认）
+
+
+def test_paragraph_chunks_keep_paragraphs_apart_and_headings_with_their_text() -> None:
+    from raglib.chunking.paragraphs import paragraph_spans
+
+    text = "# 付款方式\n\n预付三成。\n\n  \n验收后付清。\n\n" + "长段落。" * 300 + "\n\n## 附录"
+    spans = paragraph_spans(text, 1000, 200)
+    pieces = [text[s:e] for s, e in spans]
+    assert pieces[0] == "# 付款方式\n\n预付三成。"  # 只有标题的段并进下一段
+    assert pieces[1] == "验收后付清。"
+    assert all(len(p) <= 1000 for p in pieces) and "".join(pieces[2:-1]).count("长段落") >= 300
+    assert pieces[-1] == "## 附录"  # 结尾只剩标题：自成一块
+    assert all(p == p.strip() for p in pieces)
+
+
+@given(st.lists(st.text(alphabet="ab。 \n", min_size=1, max_size=60), min_size=1, max_size=8))
+def test_paragraph_chunks_never_cross_a_blank_line(paragraphs: list[str]) -> None:
+    from raglib.chunking.paragraphs import paragraph_spans
+
+    text = "\n\n".join(paragraphs)
+    for start, end in paragraph_spans(text, 40, 10):
+        piece = text[start:end]
+        assert piece and piece == piece.strip() and len(piece) <= 40
+        assert not re.search(r"\n[ \t\r\f\v]*\n", piece) or piece.lstrip().startswith("#")
