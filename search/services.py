@@ -387,7 +387,7 @@ def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _
     mode = "hybrid" if len(paths) > 1 else next(iter(paths))
     model = relevance_model(kb.id, mode)
     if model is None:
-        _calibrated_scores(candidates, paths)
+        _calibrated_scores(candidates, paths, coverage)
         return
     for candidate in candidates:
         assert candidate.features is not None
@@ -395,7 +395,7 @@ def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _
         candidate.learned = True
 
 
-def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult]) -> None:
+def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult], coverage: float) -> None:
     """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`raglib.scoring`）。
 
     每条结果只用它自己的证据（:func:`_complete_evidence` 补齐了另一路的真实值）；补不出来的（ts_rank_cd 排序、
@@ -408,8 +408,11 @@ def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathRes
                                if candidate.vector_similarity is not None
                                else fulltext_score(candidate.fulltext_unit or 0.0, calibration))
         return
+    # 全文一路“没听懂”这个查询（另一种语言的问题，覆盖率低）时，它的匹配程度不算证据：与融合权重用同一个闸门，
+    # 否则英文库里恰好含一个数字、人名的分块会被排到向量一路找到的答案前面
+    gate = lexical_gate(coverage, settings.FUSION_COVERAGE_FLOOR, settings.FUSION_COVERAGE_FULL)
     for c in candidates:
-        c.evidence = (c.vector_similarity or 0.0, c.fulltext_unit or 0.0)
+        c.evidence = (c.vector_similarity or 0.0, (c.fulltext_unit or 0.0) * gate)
         c.score = hybrid_score(*c.evidence, calibration)
 
 
