@@ -48,6 +48,8 @@ DEFAULT_QUERIES = 300
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
 VALIDATION_SHARE = 0.2
+# 伪查询从原句里去掉的字（中文）或词（其他文字）的比例：越大越像换了说法的真实提问，全文一路越难直接命中
+DROP_SHARE = 0.35
 # 每隔几条伪查询造一条“拿掉答案”的变体（见 raglib.relevance.without）：1 为每条都造。它们全是反例，
 # 造得越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）
 ABSENT_EVERY = 2
@@ -115,14 +117,15 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
             if absent_top else 0.0}
 
 
-def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0) -> RelevanceProfile | None:
+def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
+                  drop_share: float = DROP_SHARE) -> RelevanceProfile | None:
     """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。"""
     chunks = list(DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
                   .exclude(role="parent").order_by("id").values_list("id", "chunk_text"))
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
-    made = pseudo_queries(chunks, queries, seed=seed)
+    made = pseudo_queries(chunks, queries, seed=seed, share=drop_share)
     held = set(random.Random(seed).sample(range(len(made)), int(len(made) * VALIDATION_SHARE)))  # noqa: S311
     train = [q for i, q in enumerate(made) if i not in held]
     test = [q for i, q in enumerate(made) if i in held]

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_by_name_or_id
-from search.relevance import DEFAULT_QUERIES, MIN_CHUNKS, relevance_fit
+from search.relevance import DEFAULT_QUERIES, DROP_SHARE, MIN_CHUNKS, relevance_fit
 
 
 class Command(BaseCommand):
@@ -23,10 +23,14 @@ class Command(BaseCommand):
         parser.add_argument("--kb", metavar="KB", help="知识库 id 或名称（默认全部启用的知识库）")
         parser.add_argument("--queries", type=int, default=DEFAULT_QUERIES, help="伪查询条数（默认 %(default)s）")
         parser.add_argument("--seed", type=int, default=0, help="随机种子（默认 0）")
+        parser.add_argument("--drop-share", type=float, default=DROP_SHARE,
+                            help="伪查询从原句里去掉的字或词的比例（默认 %(default)s）")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["queries"] < 10:
             raise CommandError("--queries must be at least 10")
+        if not 0.0 <= options["drop_share"] < 1.0:
+            raise CommandError("--drop-share must be in [0, 1)")
         if options["kb"]:
             kb = knowledge_base_by_name_or_id(options["kb"])
             if kb is None:
@@ -36,7 +40,8 @@ class Command(BaseCommand):
             kbs = list(KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED).order_by("name"))
         for kb in kbs:
             started = time.monotonic()
-            profile = relevance_fit(kb=kb, queries=options["queries"], seed=options["seed"])
+            profile = relevance_fit(kb=kb, queries=options["queries"], seed=options["seed"],
+                                    drop_share=options["drop_share"])
             if profile is None:
                 self.stdout.write(f"{kb.name}：可检索分块少于 {MIN_CHUNKS} 个，不拟合，沿用全局校准参数")
                 continue
