@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -165,11 +166,15 @@ def profiles_due() -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库：还没有模型、模型的特征已过时（升级之后），或分块数变化较大。
     分块数取已完成文档的 ``chunk_count`` 之和（按文档表汇总，不数分块表：
     百万分块的库上数分块表是一次全表扫描）。"""
-    outdated = {profile.knowledge_base_id for profile in RelevanceProfile.objects.all()
-                if not all(profiles.current(RelevanceModel.from_dict(data)) for data in profile.mode_models.values())}
     counts = dict(Document.objects.filter(status=Document.Status.COMPLETED).values_list("knowledge_base_id")
                   .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
-    fitted = dict(RelevanceProfile.objects.values_list("knowledge_base_id", "chunk_count"))
+    fitted: dict[uuid.UUID, int] = {}
+    outdated: set[uuid.UUID] = set()
+    for kb_id, chunk_count, mode_models in RelevanceProfile.objects.values_list("knowledge_base_id", "chunk_count",
+                                                                                 "mode_models"):
+        fitted[kb_id] = chunk_count
+        if not all(profiles.current(RelevanceModel.from_dict(data)) for data in mode_models.values()):
+            outdated.add(kb_id)
     due = []
     for kb in KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED).order_by("created_at"):
         chunks = counts.get(kb.id) or 0
