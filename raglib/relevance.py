@@ -31,9 +31,12 @@ import numpy as np
 # 牛顿法的 L2（作用在标准化后的特征上）：伪查询有几千个候选，这个量级只防完全可分时发散，不压制真实的权重
 L2 = 1.0
 
+# similarity_lift 的参照名次：相似度减去第 LIFT_RANK 名的相似度
+LIFT_RANK = 10
+
 # 各检索方式用到的特征（顺序即模型权重的顺序）
 MODE_FEATURES: dict[str, tuple[str, ...]] = {
-    "vector": ("similarity", "similarity_gap", "vector_rank"),
+    "vector": ("similarity", "similarity_gap", "similarity_lift", "vector_rank"),
     "fulltext": ("match", "match_share", "fulltext_rank", "coverage"),
     "hybrid": ("similarity", "similarity_gap", "vector_rank", "match", "match_share", "fulltext_rank", "coverage",
                "both", "fused_rank"),
@@ -75,10 +78,17 @@ def _log_rank(rank: int | None, depth: int) -> float:
     return math.log1p(rank if rank is not None else depth + 1)
 
 
-def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth: int) -> list[dict[str, float]]:
-    """一次检索的全部候选 → 每个候选的特征（:data:`MODE_FEATURES` 里的名字）。差值特征相对本次检索最好的那条。"""
+def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth: int,
+                       gate: float = 1.0) -> list[dict[str, float]]:
+    """一次检索的全部候选 → 每个候选的特征（:data:`MODE_FEATURES` 里的名字）。差值特征相对本次检索最好的那条。
+
+    ``gate`` 是全文一路的可信程度（覆盖率闸门，见 :func:`raglib.fusion.lexical_gate`）：两个匹配特征都乘上它。
+    伪查询的覆盖率都很高（闸门为 1），模型没见过“查询的词在库里大多没有”的情形；另一种语言的问题只匹配上零星的
+    数字、人名时，乘上闸门才不会把这种匹配当成证据。"""
     best_similarity = max((c.similarity for c in candidates if c.similarity is not None), default=0.0)
     best_match = max((c.match for c in candidates if c.match is not None), default=0.0)
+    similarities = sorted((c.similarity for c in candidates if c.similarity is not None), reverse=True)
+    reference = similarities[min(LIFT_RANK, len(similarities)) - 1] if similarities else 0.0
     rows = []
     for c in candidates:
         similarity = c.similarity if c.similarity is not None else 0.0
@@ -86,11 +96,12 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
         rows.append({
             "similarity": similarity,
             "similarity_gap": similarity - best_similarity,
+            "similarity_lift": similarity - reference,
             "vector_rank": _log_rank(c.vector_rank, depth),
-            "match": match,
+            "match": match * gate,
             # 相对本次最好的那条：用比例而不是差——一个词都没匹配上的查询，最好的那条也是 0，
             # 差为 0 会被当成“和最好的一样好”
-            "match_share": match / best_match if best_match > 0 else 0.0,
+            "match_share": gate * match / best_match if best_match > 0 else 0.0,
             "fulltext_rank": _log_rank(c.fulltext_rank, depth),
             "coverage": coverage,
             "both": 1.0 if c.vector_rank is not None and c.fulltext_rank is not None else 0.0,

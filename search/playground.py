@@ -19,7 +19,7 @@ from django.shortcuts import render
 
 from documents.filters import SearchFilters
 from knowledge.models import KnowledgeBase
-from search import services
+from search import profiles, services
 
 MODE_CHOICES = [("hybrid", "混合（向量 + 全文）"), ("vector", "仅向量"), ("fulltext", "仅全文")]
 ORDER_CHOICES = [("score", "按分数"), ("position", "按文档位置")]
@@ -102,7 +102,8 @@ class PlaygroundForm(forms.Form):
 
 # 相关概率模型的特征（raglib.relevance）在调试页上的名字
 FEATURE_LABELS = {
-    "similarity": "余弦相似度", "similarity_gap": "与最好一条的相似度差", "vector_rank": "向量名次（对数）",
+    "similarity": "余弦相似度", "similarity_gap": "与最好一条的相似度差",
+    "similarity_lift": "比第 10 名高出的相似度", "vector_rank": "向量名次（对数）",
     "match": "全文匹配程度", "match_share": "匹配程度占最好一条的比例", "fulltext_rank": "全文名次（对数）",
     "coverage": "查询在库中的覆盖率", "both": "两路都找到", "fused_rank": "RRF 名次（对数）",
 }
@@ -145,6 +146,17 @@ def timing_rows(timings_ms: dict[str, float]) -> list[TimingRow]:
     ]
 
 
+def model_source_label(kb: KnowledgeBase) -> str:
+    """分数学自哪里：本库的模型、同一 embedding 模型的另一个库的模型（本库还没有自己的），或全局校准。"""
+    source = profiles.model_source(kb.id)
+    if source is None:
+        return "全局校准（本库与同模型的库都还没有学好的模型）"
+    if source == kb.id:
+        return "本库模型"
+    other = KnowledgeBase.objects.filter(id=source).values_list("name", flat=True).first()
+    return f"同模型知识库“{other}”的模型（本库还没有自己的）"
+
+
 def degraded_messages(reasons: list[str]) -> list[tuple[str, str]]:
     return [(reason, DEGRADED_LABELS.get(reason, reason)) for reason in reasons]
 
@@ -155,9 +167,11 @@ def playground(request: HttpRequest) -> HttpResponse:
     form = PlaygroundForm(request.GET or None)
     context: dict[str, Any] = {**admin.site.each_context(request), "title": "检索调试", "form": form}
     if form.is_valid():
-        outcome = services.search(form.cleaned_data["knowledge_base"], form.search_request())
+        kb = form.cleaned_data["knowledge_base"]
+        outcome = services.search(kb, form.search_request())
         context.update(
             outcome=outcome,
+            model_source=model_source_label(kb),
             rows=[ResultRow(rank, result, found_by_label(result), feature_rows(result))
                   for rank, result in enumerate(outcome.results, start=1)],
             timings=timing_rows(outcome.timings_ms),

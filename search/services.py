@@ -199,8 +199,7 @@ def fusion_weights(text: _PathResult | None) -> dict[str, float]:
     weight = settings.FUSION_FULLTEXT_WEIGHT
     if text is not None and text.coverage is not None:
         best = match_ratio(text.hits[0].value, text.scale) if text.hits else 0.0
-        weight = (weight + settings.FUSION_FULLTEXT_MATCH_BOOST * best) * lexical_gate(
-            text.coverage, settings.FUSION_COVERAGE_FLOOR, settings.FUSION_COVERAGE_FULL)
+        weight = (weight + settings.FUSION_FULLTEXT_MATCH_BOOST * best) * coverage_gate(text.coverage)
     return {"vector": settings.FUSION_VECTOR_WEIGHT, "fulltext": weight}
 
 
@@ -382,7 +381,8 @@ def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _
     # 候选此时还是融合顺序，名次即 RRF 名次
     evidence = [Evidence(c.vector_similarity, c.fulltext_unit, c.vector_rank, c.fulltext_rank, rank)
                 for rank, c in enumerate(candidates, start=1)]
-    for candidate, row in zip(candidates, candidate_features(evidence, coverage=coverage, depth=depth), strict=True):
+    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage))
+    for candidate, row in zip(candidates, rows, strict=True):
         candidate.features = row
     mode = "hybrid" if len(paths) > 1 else next(iter(paths))
     model = relevance_model(kb.id, mode)
@@ -410,10 +410,15 @@ def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathRes
         return
     # 全文一路“没听懂”这个查询（另一种语言的问题，覆盖率低）时，它的匹配程度不算证据：与融合权重用同一个闸门，
     # 否则英文库里恰好含一个数字、人名的分块会被排到向量一路找到的答案前面
-    gate = lexical_gate(coverage, settings.FUSION_COVERAGE_FLOOR, settings.FUSION_COVERAGE_FULL)
+    gate = coverage_gate(coverage)
     for c in candidates:
         c.evidence = (c.vector_similarity or 0.0, (c.fulltext_unit or 0.0) * gate)
         c.score = hybrid_score(*c.evidence, calibration)
+
+
+def coverage_gate(coverage: float) -> float:
+    """全文一路的可信程度（0~1）：与融合权重、混合分数用同一个闸门（``RAG_FUSION_COVERAGE_*``）。"""
+    return lexical_gate(coverage, settings.FUSION_COVERAGE_FLOOR, settings.FUSION_COVERAGE_FULL)
 
 
 def _rerank(query: str, candidates: list[SearchResult], outcome: SearchOutcome, clock: _Clock) -> None:

@@ -54,6 +54,19 @@ def test_candidate_features_are_relative_to_the_best_candidate() -> None:
     assert rows[1]["fulltext_rank"] == pytest.approx(math.log1p(51))  # 没进全文名单：按名单之后一名计
     assert (rows[0]["both"], rows[1]["both"]) == (1.0, 0.0) and rows[0]["coverage"] == 0.7
     assert set(rows[0]) >= set(MODE_FEATURES["hybrid"])
+    # 只有两条候选：比“第 10 名”高出的相似度以最后一名为参照
+    assert rows[0]["similarity_lift"] == pytest.approx(0.1) and rows[1]["similarity_lift"] == 0.0
+
+
+def test_matches_count_only_as_far_as_the_query_is_understood() -> None:
+    """覆盖率闸门为 0（另一种语言的问题只匹配上零星的词）时，匹配特征都是 0：模型不会把它当成证据。"""
+    evidence = [Evidence(0.9, 0.8, 1, 1, 1), Evidence(0.8, 0.4, 2, 2, 2)]
+    full = candidate_features(evidence, coverage=0.9, depth=50)
+    half = candidate_features(evidence, coverage=0.45, depth=50, gate=0.5)
+    closed = candidate_features(evidence, coverage=0.1, depth=50, gate=0.0)
+    assert [r["match"] for r in full] == [0.8, 0.4] and [r["match_share"] for r in full] == [1.0, 0.5]
+    assert [r["match"] for r in half] == [0.4, 0.2] and [r["match_share"] for r in half] == [0.5, 0.25]
+    assert all(r["match"] == r["match_share"] == 0.0 for r in closed)
 
 
 def test_fit_logistic_recovers_a_known_curve() -> None:
@@ -72,6 +85,7 @@ def test_fitted_model_separates_and_round_trips() -> None:
         relevant = bool(rng.random() < 0.1)
         similarity = 0.85 + (0.06 if relevant else 0.0) + rng.normal(scale=0.02)
         rows.append({"similarity": similarity, "similarity_gap": similarity - 0.93,
+                     "similarity_lift": similarity - 0.84,
                      "vector_rank": math.log1p(1 if relevant else rng.integers(2, 50))})
         labels.append(relevant)
     model = fit_model("vector", rows, labels)
@@ -81,8 +95,8 @@ def test_fitted_model_separates_and_round_trips() -> None:
     assert positive > 0.5 > negative
     assert RelevanceModel.from_dict(model.as_dict()) == model
     # 训练范围之外的取值先截断：极端的相似度不会把概率外推到训练里没见过的地方
-    far = {"similarity": 5.0, "similarity_gap": 0.0, "vector_rank": math.log1p(1)}
-    edge = {"similarity": max(row["similarity"] for row in rows), "similarity_gap": 0.0,
+    far = {"similarity": 5.0, "similarity_gap": 0.0, "similarity_lift": 0.1, "vector_rank": math.log1p(1)}
+    edge = {"similarity": max(row["similarity"] for row in rows), "similarity_gap": 0.0, "similarity_lift": 0.1,
             "vector_rank": math.log1p(1)}
     assert model.probability(far) == pytest.approx(model.probability(edge))
 

@@ -256,8 +256,10 @@ def test_hybrid_search_renders_scores_paths_and_timings(admin_client: Any, shop:
 @pytest.mark.django_db(transaction=True)
 def test_each_result_shows_its_probability_source_and_features(admin_client: Any, shop: KnowledgeBase) -> None:
     """调试页的每条结果写明分数依据（全局校准 / 本库模型的 P(相关) / 重排序），并列出打分用到的特征。"""
-    rows = _row_cells(_page(admin_client.get(_params(shop, "无理由退货"))))
+    html = _page(admin_client.get(_params(shop, "无理由退货")))
+    rows = _row_cells(html)
     assert rows and all(row["score-source"].startswith("全局校准") for row in rows)
+    assert 'id="model-source">全局校准' in html
     assert "余弦相似度" in rows[0]["score-source"] and "RRF 名次" in rows[0]["score-source"]
     # 给这个库放一个学好的全文模型（匹配程度占最好一条的比例越高越相关）：全文方式的分数改由它给出
     names = MODE_FEATURES["fulltext"]
@@ -268,7 +270,8 @@ def test_each_result_shows_its_probability_source_and_features(admin_client: Any
     profiles.forget(shop.id)
     response = admin_client.get(_params(shop, "无理由退货", mode="fulltext"))
     rows = _row_cells(_page(response))
-    assert rows and all(row["score-source"].startswith("本库模型") for row in rows)
+    assert rows and all(row["score-source"].startswith("学出的模型") for row in rows)
+    assert 'id="model-source">本库模型<' in _page(response)
     top = response.context["outcome"].results[0]
     assert top.found_by == ["fulltext"] and top.score == pytest.approx(1 / (1 + math.exp(-0.5)))
 

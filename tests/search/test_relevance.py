@@ -50,6 +50,28 @@ def test_refit_is_deterministic_for_a_fixed_seed(library: KnowledgeBase) -> None
 
 
 @pytest.mark.django_db(transaction=True)
+def test_knowledge_base_without_a_model_borrows_one_of_its_embedding_model(client_rw: Any, kb_factory: Any,
+                                                                           library: KnowledgeBase) -> None:
+    """还没有自己模型的库（分块不够）用同一 embedding 模型、分块最多的那个库的模型；模型不同的库不借，
+    有了自己的模型就用自己的。汉字写法不借（它是本库分块的性质）。"""
+    relevance_fit(kb=library, queries=40, seed=0)
+    small = kb_factory()
+    ingest_text(client_rw, small, "a.md", "# 月季\n\n月季的第1条说明：月季需要第1号处理方法。")
+    assert relevance_fit(kb=small) is None
+    assert profiles.model_source(small.id) == library.id and profiles.knowledge_base_script(small.id) == ""
+    request = services.SearchRequest(query="月季 处理方法", top_k=3, mode="fulltext", rerank=False)
+    results = services.search(small, request).results
+    model = profiles.relevance_model(small.id, "fulltext")
+    assert model is not None and results and all(r.learned for r in results)
+    assert results[0].score == pytest.approx(model.probability(results[0].features or {}))
+    # 另一个 embedding 模型学出来的不借：回到全局校准
+    RelevanceProfile.objects.filter(knowledge_base=library).update(embedding_model="flag:BAAI/bge-m3")
+    profiles.forget(small.id)
+    assert profiles.model_source(small.id) is None
+    assert not any(r.learned for r in services.search(small, request).results)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_search_scores_with_the_learned_model_and_falls_back_without_it(library: KnowledgeBase) -> None:
     request = services.SearchRequest(query="木星 第3种情况", top_k=5, mode="fulltext", rerank=False)
     before = services.search(library, request).results
