@@ -56,6 +56,8 @@ SLOT_RETRY_SECONDS = 10
 SLOT_WAIT_SECONDS = 20.0
 # 每次送去 embedding 的文本数：两次之间检查超时并刷新心跳
 EMBED_SLICE = 256
+# 文档上最多逐条写出的解析说明条数，其余只记条数（error_message 最长 4000 字符）
+MAX_NOTES = 10
 
 STAGE_WORDS = {
     "parse": "Parsing the file",
@@ -362,6 +364,20 @@ def lock_knowledge_base_for_write(kb: KnowledgeBase) -> KnowledgeBase:
     return KnowledgeBase.objects.raw("SELECT * FROM knowledge_bases WHERE id = %s FOR SHARE", [kb.pk])[0]
 
 
+def notes_message(notes: Sequence[str]) -> str:
+    """解析成功、但有内容没能收进来时写在 completed 文档上的说明（``error_message``）；没有说明时为空串。
+
+    放在 ``error_message`` 而不是新字段：它是 API 与管理后台里已有的“给维护者的一句话”，completed 文档带它
+    已有先例（重新索引失败时旧分块照常可检索、文档仍是 completed）。
+    """
+    if not notes:
+        return ""
+    shown = list(notes[:MAX_NOTES])
+    if len(notes) > MAX_NOTES:
+        shown.append(f"... and {len(notes) - MAX_NOTES} more")
+    return ("Completed with notes:\n" + "\n".join(f"- {note}" for note in shown))[:4000]
+
+
 def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
                vectors: Sequence[np.ndarray | None]) -> int:
     """一个事务：替换分块（COPY 批量写入）并把文档置为 completed。"""
@@ -383,7 +399,8 @@ def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         document.ocr_skipped = parsed.ocr_skipped
         document.ocr_engine = parsed.ocr_engine or ""
         document.stage_timings = run.timings_ms()
-        document.error_message = ""
+        # 完成的文档通常没有 error_message；解析时跳过了内容（如像素超限的图片）就把说明留在这里
+        document.error_message = notes_message(parsed.notes)
         document.reindex_status = ""
         document.stage = ""
         document.next_retry_at = None
@@ -536,7 +553,8 @@ def _execute(run: Run) -> None:
     # store 阶段自身的耗时要等事务提交后才知道，单独补写
     Document.objects.filter(pk=run.document.pk).update(stage_timings=run.timings_ms())
     metrics.DOCUMENT_INGESTION.labels(status="completed").inc()
-    logger.info("ingest_completed", chunks=count, reindex=run.reindex, timings_ms=run.timings_ms())
+    logger.info("ingest_completed", chunks=count, reindex=run.reindex, notes=len(parsed.notes),
+                timings_ms=run.timings_ms())
 
 
 def _run_attempt(document_id: Any, attempt: int, lease: Lease) -> None:

@@ -189,7 +189,8 @@ def _parsed_from(message: dict[str, Any]) -> ParsedDocument:
     segments = tuple(Segment(text=text, page=page, sheet=sheet, slide=slide)
                      for text, page, sheet, slide in message["segments"])
     return ParsedDocument(segments=segments, format=message["format"], ocr_engine=message["ocr_engine"],
-                          ocr_images=int(message["ocr_images"]), ocr_skipped=bool(message["ocr_skipped"]))
+                          ocr_images=int(message["ocr_images"]), ocr_skipped=bool(message["ocr_skipped"]),
+                          notes=tuple(str(note) for note in message.get("notes") or ()))
 
 
 def parse_isolated(path: Path, *, filename: str, ocr: OcrEngine | None, limits: ParseLimits,
@@ -303,7 +304,7 @@ def _child_parse(request: dict[str, Any], engine: _RemoteOcr | None) -> dict[str
                 "permanent": True}
     return {
         "type": "result", "format": parsed.format, "ocr_engine": parsed.ocr_engine, "ocr_images": parsed.ocr_images,
-        "ocr_skipped": parsed.ocr_skipped,
+        "ocr_skipped": parsed.ocr_skipped, "notes": list(parsed.notes),
         "segments": [[s.text, s.page, s.sheet, s.slide] for s in parsed.segments],
     }
 

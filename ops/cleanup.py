@@ -9,13 +9,17 @@
   （:func:`cleanup_q_options`）；超过 ORM 代理 ``retry`` 的那份重投递拿不到锁，立即返回。
 - 自动重试：失败后按 base·2^(n-1)（默认 1/2/4 分钟）用 django-q2 的一次性 Schedule
   安排下一次尝试；用尽重试次数后置为 failed，等待人工重试。
+- 原始文件：行删完后删除 ``RAG_DATA_DIR/files/<kb>``；删不掉就是一次失败（照常重试），文件还在时绝不报告完成。
+  这个目录是符号链接时只删链接目标里本服务写下的文件，不跟着链接整棵删除（见 :func:`files_remove`）。
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import uuid
+from pathlib import Path
 
 import structlog
 from django.conf import settings
@@ -23,7 +27,8 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from documents.storage import knowledge_base_files_dir
+from documents.models import Document
+from documents.storage import knowledge_base_files_dir, owned_file_document
 from infra import metrics
 from infra.errors import is_database_unavailable
 from infra.locks import advisory_lock
@@ -72,6 +77,71 @@ def delete_batch(kb_id: uuid.UUID, batch_size: int) -> int:
         return int(cursor.fetchone()[0])
 
 
+class FilesRemain(Exception):
+    """知识库的原始文件没能删掉；消息只给相对数据目录的路径（它会出现在 API 响应里）。"""
+
+
+def _remove_through_link(link: Path) -> None:
+    """知识库目录是符号链接：只删目标目录第一层里本服务写下、且不属于任何现存文档的文件，再删链接本身。
+
+    不对目标做 rmtree：链接可能指向数据目录以外的任意位置（运维把大知识库挪到了别的盘，也可能是误操作），
+    甚至指向另一个知识库的目录。能证明属于本知识库的只有按 ``owned_file_document`` 命名、而对应文档行已不存在的文件
+    （本知识库的文档行此时已全部删除，名字对得上现存文档的文件属于别的知识库）。子目录、其他文件原样留下，
+    记一条日志。删除用 unlink：目标目录里的条目本身是链接时只删链接，不跟随。
+    指向 ``files/`` 本身或其下别的知识库目录时一个文件都不删：那里正在上传、还没提交文档行的文件也对不上现存文档。
+    """
+    target = Path(os.path.realpath(link))
+    files_root = Path(os.path.realpath(link.parent))
+    if not target.is_dir() or target == files_root or files_root in target.parents:
+        # 悬空的链接、指向文件、指向别的知识库的目录：链接本身就是这个知识库在数据目录里留下的全部
+        if target.is_dir():
+            logger.warning("cleanup_link_into_files_kept", target=str(target))
+        link.unlink()
+        return
+    owned: dict[str, uuid.UUID] = {}
+    kept: list[str] = []
+    with os.scandir(target) as entries:
+        for entry in entries:
+            document_id = owned_file_document(entry.name)
+            if document_id is None or entry.is_dir(follow_symlinks=False):
+                kept.append(entry.name)
+            else:
+                owned[entry.name] = document_id
+    live = set(Document.objects.filter(pk__in=set(owned.values())).values_list("pk", flat=True))
+    removed = 0
+    for name, document_id in owned.items():
+        if document_id in live:
+            kept.append(name)
+            continue
+        (target / name).unlink(missing_ok=True)
+        removed += 1
+    link.unlink()
+    logger.info("cleanup_files_removed_through_link", target=str(target), removed=removed, kept=len(kept))
+    if kept:
+        logger.warning("cleanup_link_target_kept", target=str(target), kept=len(kept), examples=sorted(kept)[:5])
+
+
+def files_remove(kb_id: uuid.UUID) -> None:
+    """删除知识库的原始文件目录；删不掉抛 ``FilesRemain``（任务按失败重试），删完核对目录确实不在了。
+
+    普通目录用 rmtree（它不跟随目录里的符号链接，只删链接本身）；目录本身是符号链接时见 ``_remove_through_link``。
+    """
+    folder = knowledge_base_files_dir(kb_id)
+    relative = f"files/{kb_id}"
+    try:
+        if folder.is_symlink():
+            _remove_through_link(folder)
+        elif folder.is_dir():
+            shutil.rmtree(folder)
+        elif folder.exists():
+            folder.unlink()
+    except OSError as exc:
+        raise FilesRemain(f"the files under {relative} in RAG_DATA_DIR could not be deleted "
+                          f"({exc.strerror or type(exc).__name__})") from exc
+    if os.path.lexists(folder):
+        raise FilesRemain(f"{relative} in RAG_DATA_DIR still exists after deleting it")
+
+
 def _execute(task: CleanupTask) -> None:
     kb_id = task.knowledge_base_id
     if task.total is None:
@@ -95,7 +165,7 @@ def _execute(task: CleanupTask) -> None:
             time.sleep(pause)
     # 清理期间才提交的摄取会重新建起统计行（它的分块已在上面删掉）：再清一次，不留下计数为 0 的统计
     bm25.statistics_drop(kb_id)
-    shutil.rmtree(knowledge_base_files_dir(kb_id), ignore_errors=True)
+    files_remove(kb_id)
     with transaction.atomic():
         task = CleanupTask.objects.select_for_update().get(pk=task.pk)
         if task.total != task.processed:
@@ -115,7 +185,7 @@ def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
     """记录失败；还有重试额度则安排下一次，否则置为 failed。"""
     # 驱动报错原文（主机、socket 路径）不进 error_message，它会出现在 API 响应里；原文见日志
     reason = "the database connection was lost" if is_database_unavailable(exc) else str(exc)
-    message = f"Attempt {attempt} failed while deleting the knowledge base's documents and chunks: {reason}"
+    message = f"Attempt {attempt} failed while deleting the knowledge base's documents, chunks and files: {reason}"
     # 失败多半发生在数据库断开之后：手里的连接已经死了，先换一条能用的再记录
     database_ready()
     with transaction.atomic():

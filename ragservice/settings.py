@@ -314,7 +314,7 @@ INGEST_RETRY_BASE_SECONDS = env_int("RAG_INGEST_RETRY_BASE_SECONDS", 30, "摄取
 INGEST_MAX_CHARS = env_int("RAG_INGEST_MAX_CHARS", 10_000_000, "每个文档解析出的字符数上限，超过即失败",
                            minimum=1000)
 INGEST_MAX_ARCHIVE_MEMBER = env_size("RAG_INGEST_MAX_ARCHIVE_MEMBER", 100 * 1024 * 1024,
-                                     "ZIP 容器（DOCX/XLSX/PPTX/EPUB）单个成员解压后的大小上限，解压前按中央目录检查")
+                                     "ZIP 容器（DOCX/XLSX/PPTX/EPUB）单个成员、PDF 单个压缩流解压后的大小上限")
 INGEST_MAX_ARCHIVE_TOTAL = env_size("RAG_INGEST_MAX_ARCHIVE_TOTAL", 300 * 1024 * 1024,
                                     "ZIP 容器全部成员解压后的总大小上限（拒绝 ZIP 炸弹）")
 INGEST_MAX_ARCHIVE_RATIO = env_int("RAG_INGEST_MAX_ARCHIVE_RATIO", 100,

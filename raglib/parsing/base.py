@@ -25,13 +25,18 @@ class Segment:
 
 @dataclass(frozen=True)
 class ParsedDocument:
-    """一个文件的解析结果：按文档顺序排列的片段 + OCR 情况。"""
+    """一个文件的解析结果：按文档顺序排列的片段 + OCR 情况 + 给维护者的说明。
+
+    ``notes`` 是解析成功、但有内容没能收进来时的说明（英文句子，如“某张图片像素超限被跳过”），
+    摄取把它记在文档上，维护者不看 worker 日志也知道缺了什么。
+    """
 
     segments: tuple[Segment, ...]
     format: str
     ocr_engine: str | None
     ocr_images: int
     ocr_skipped: bool
+    notes: tuple[str, ...] = ()
 
     @property
     def markdown(self) -> str:

@@ -17,13 +17,13 @@ from pathlib import PurePath
 from raglib.parsing.base import ParseError, UnsupportedFormatError
 
 SUPPORTED_EXTENSIONS: tuple[str, ...] = (
-    ".pdf", ".docx", ".xlsx", ".xls", ".pptx", ".txt", ".md", ".markdown", ".html", ".htm", ".png", ".jpg", ".jpeg",
-    ".epub", ".msg",
+    ".pdf", ".docx", ".xlsx", ".xls", ".csv", ".pptx", ".txt", ".md", ".markdown", ".html", ".htm", ".png", ".jpg",
+    ".jpeg", ".epub", ".msg",
 )
 
 # 扩展名 → 格式名（ParsedDocument.format 的取值）
 EXTENSION_FORMATS: dict[str, str] = {
-    ".pdf": "pdf", ".docx": "docx", ".xlsx": "xlsx", ".xls": "xls", ".pptx": "pptx", ".txt": "txt",
+    ".pdf": "pdf", ".docx": "docx", ".xlsx": "xlsx", ".xls": "xls", ".csv": "csv", ".pptx": "pptx", ".txt": "txt",
     ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html", ".png": "png", ".jpg": "jpg",
     ".jpeg": "jpg", ".epub": "epub", ".msg": "msg",
 }
@@ -205,6 +205,8 @@ _ACCEPTED: dict[str, dict[str, str | None]] = {
              "ole-xls": "xls"},
     # 很多系统导出的 .xls 其实是 xlsx、HTML 表格或制表符分隔的文本
     "xls": {"ole-xls": None, "ole": None, "ole-encrypted": None, "zip-xlsx": "xlsx", "html": "html", "text": "txt"},
+    # CSV 只能是文本（任何编码）；HTML 表格导出成 .csv 的不认，免得把标签当成单元格
+    "csv": {"text": None},
     "txt": {"text": None, "html": None},
     "markdown": {"text": None, "html": None},
     "html": {"html": None, "text": None},

@@ -20,8 +20,9 @@ def _convert(path: Path, fmt: str) -> list[Segment]:
     converter = EpubConverter() if fmt == "epub" else OutlookMsgConverter()
     try:
         result = converter.convert(io.BytesIO(path.read_bytes()), StreamInfo(extension=f".{fmt}"))
-    except MemoryError as exc:
-        raise ParseError(f"Ran out of memory while reading the {_LABELS[fmt]}", permanent=False) from exc
+    except MemoryError:
+        # 不翻译成“可重试”：解析子进程里内存耗尽就是撞到了 RAG_INGEST_PARSE_MEMORY，再试也一样（documents.sandbox 报告）
+        raise
     except Exception as exc:  # zip/olefile/bs4 的异常类型各异，统一翻译成维护者看得懂的话
         raise ParseError(f"The {_LABELS[fmt]} is damaged or could not be read: {type(exc).__name__}: {exc}") from exc
     text = str(result.markdown or "")

@@ -4,7 +4,8 @@
 - 太小（任一边 < 32 像素）或几乎纯色的图是装饰（线条、图标、底纹），不算图片内容，也不识别；
 - 有值得识别的图但没有引擎 → ``skipped = True``，文字部分照常返回；
 - 引擎运行时抛异常 → 记警告、计入 ``failures``，这一张当作没识别出文字，整个文档继续；
-- 像素超过 ``limits.max_image_pixels`` 的内嵌图片不解码（解压炸弹），计入 ``oversized`` 后跳过。
+- 像素超过 ``limits.max_image_pixels`` 的内嵌图片不解码（解压炸弹），计入 ``oversized`` 后跳过，
+  并在 ``notes`` 里写明是哪张图、多少像素、上限多少——文档照常完成，但维护者要知道这张图的文字没有收进来。
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class OcrSession:
     failures: int = 0
     skipped: bool = False
     attempted: bool = False
+    notes: list[str] = field(default_factory=list)
     _cache: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -82,6 +84,7 @@ class OcrSession:
         too_large = self.oversized_image(data, where=where)
         if too_large is not None:
             self.oversized += 1
+            self.notes.append(f"{too_large}; the picture was skipped and its text is not indexed")
             logger.warning("ocr_image_too_large", where=where, error=too_large)
             return ""
         try:

@@ -85,6 +85,16 @@ def _ocr_fragment(session: OcrSession, stream: BinaryIO, where: str) -> str | No
     return "<p>" + "<br>".join(lines) + "</p>"
 
 
+def _slide_place(shape: Any) -> str:
+    """PPTX 形状所在的幻灯片号与形状名（如 `` on slide 2 ('Picture 3')``）；取不到时为空串。"""
+    try:
+        presentation = shape.part.package.presentation_part.presentation
+        number = presentation.slides.index(shape.part.slide) + 1
+    except Exception:  # 畸形的包结构：位置只是说明里的附加信息，取不到不影响解析
+        return ""
+    return f" on slide {number} ('{str(shape.name)[:100]}')"
+
+
 @functools.cache
 def _converter_classes() -> dict[str, Any]:
     """markitdown 导入较慢（会带上 pandas），延迟到第一次解析 Office 文件时再导入。"""
@@ -98,10 +108,17 @@ def _converter_classes() -> dict[str, Any]:
                 super().__init__()
                 self.session = session
                 self.count = 0
+                # 当前图片在文件里的位置（目前只有 PPTX 知道：幻灯片号与形状名），写进日志与文档上的说明
+                self.place = ""
+
+            def _convert_picture_to_markdown(self, shape: Any, **kwargs: Any) -> str:
+                # 只有 PptxConverter 有这个方法：markitdown 逐张幻灯片、逐个形状调用它，再调用下面的钩子
+                self.place = _slide_place(shape)
+                return str(super()._convert_picture_to_markdown(shape, **kwargs))
 
             def _image_to_html(self, image_stream: BinaryIO, stream_info: Any, **kwargs: Any) -> str | None:
                 self.count += 1
-                return _ocr_fragment(self.session, image_stream, f"{label} {self.count}")
+                return _ocr_fragment(self.session, image_stream, f"{label} {self.count}{self.place}")
 
         return OcrConverter
 
@@ -133,8 +150,9 @@ def _convert(path: Path, fmt: str, session: OcrSession) -> str:
         result = converter.convert(stream, StreamInfo(extension=f".{fmt}"))
     except ParseError:
         raise
-    except MemoryError as exc:
-        raise ParseError(f"Ran out of memory while reading the {label}", permanent=False) from exc
+    except MemoryError:
+        # 不翻译成“可重试”：解析子进程里内存耗尽就是撞到了 RAG_INGEST_PARSE_MEMORY，再试也一样（documents.sandbox 报告）
+        raise
     except Exception as exc:  # 各库（mammoth/python-pptx/openpyxl/xlrd/pandas）的异常类型不一，统一翻译
         if _is_encryption_error(exc):
             raise ParseError(ENCRYPTED_MESSAGE) from exc

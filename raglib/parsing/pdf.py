@@ -7,12 +7,23 @@
 - 其余有图片的页面（包括文字很少、图片只占一部分的页面）→ 渲染后只裁出图片区域识别，
   文字接在该页文字层之后：文字层原样保留，且比整页识别快数倍。
 渲染失败或没有 pypdfium2 时记为 OCR 跳过，文字层照常返回。
+
+压缩流（FlateDecode）解压后的大小有上限（``ParseLimits.max_archive_member``，即 RAG_INGEST_MAX_ARCHIVE_MEMBER）：
+1 MB 的文件可以藏一个解压成 1.5 GB 的内容流（解压炸弹），pdfminer 会把它整个解到内存里再逐字解析。
+超限立即以 ``LimitExceeded``（永久失败）结束，而不是等子进程撞到内存上限。
+内存不够时 ``MemoryError`` 原样抛出，不翻译成“可重试”：在解析子进程里它就是撞到了 RAG_INGEST_PARSE_MEMORY，
+同一个文件再试也一样，由 ``documents.sandbox`` 报告为点名该上限的永久失败。
 """
 
 from __future__ import annotations
 
 # pdfminer、pypdfium2 在函数里导入：它们较重，只有真正解析 PDF 的进程（解析沙箱子进程）才需要加载。
+import functools
 import re
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +31,7 @@ from typing import Any
 import structlog
 
 from raglib.parsing.base import ParseError, Segment
+from raglib.parsing.limits import LimitExceeded
 from raglib.parsing.ocr_session import OcrSession
 from raglib.parsing.text import tidy
 
@@ -43,6 +55,106 @@ _CID = re.compile(r"\(cid:\d+\)")
 _WHITESPACE = re.compile(r"\s+")
 
 ENCRYPTED_MESSAGE = "The PDF is encrypted (password protected)"
+
+
+# ---------------------------------------------------------------- 压缩流的解压上限
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / (1024 * 1024):.0f} MB"
+
+
+def stream_too_large(limit: int) -> LimitExceeded:
+    return LimitExceeded(
+        f"A compressed stream in the PDF unpacks to more than {_megabytes(limit)}, the limit per compressed part "
+        "(RAG_INGEST_MAX_ARCHIVE_MEMBER); the file looks like a decompression bomb")
+
+
+@dataclass
+class _StreamBudget:
+    """一次 PDF 解析的解压上限；``exceeded`` 记下第一次超限，万一异常在 pdfminer 内部被吞掉也能事后报告。"""
+
+    limit: int
+    exceeded: bool = False
+
+    def check(self, size: int) -> None:
+        if size > self.limit:
+            self.exceeded = True
+            raise stream_too_large(self.limit)
+
+
+# 当前线程（上下文）里正在进行的 PDF 解析的上限；None 表示不限（pdfminer 在别处被使用时行为不变）
+_BUDGET: ContextVar[_StreamBudget | None] = ContextVar("pdf_stream_budget", default=None)
+
+
+class _BoundedDecompressor:
+    """zlib.decompressobj 的替身：累计输出超过上限即抛出（pdfminer 的 decompress_corrupted 逐字节用它）。"""
+
+    def __init__(self, inner: Any, budget: _StreamBudget) -> None:
+        self._inner = inner
+        self._budget = budget
+        self._produced = 0
+
+    def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+        room = self._budget.limit - self._produced + 1
+        out: bytes = self._inner.decompress(data, min(max_length, room) if max_length else room)
+        self._produced += len(out)
+        self._budget.check(self._produced)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _BoundedZlib:
+    """装进 ``pdfminer.pdftypes`` 的 zlib 替身：只在 ``_BUDGET`` 有值（正在 parse_pdf 里）时限制解压大小。
+
+    pdfminer 的 ``PDFStream.decode`` 直接调用模块级的 ``zlib.decompress``，没有任何大小参数，也没有可替换的钩子；
+    换掉它引用的模块对象是唯一不复制 pdfminer 代码的办法。上限放在 ContextVar 里，多线程各管各的。
+    """
+
+    error = zlib.error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(zlib, name)
+
+    @staticmethod
+    def decompress(data: bytes, *args: Any, **kwargs: Any) -> bytes:
+        budget = _BUDGET.get()
+        if budget is None or args or kwargs:
+            return zlib.decompress(data, *args, **kwargs)
+        inflater = zlib.decompressobj()
+        # 最多解出 上限+1 字节：多出的那一个字节就说明超限，炸弹不会被整个解到内存里
+        out = inflater.decompress(data, budget.limit + 1)
+        budget.check(len(out))
+        if not inflater.eof:
+            # 与 zlib.decompress 一致：流不完整时报错（pdfminer 据此退到逐字节的容错解压）
+            raise zlib.error("Error -5 while decompressing data: incomplete or truncated stream")
+        return out
+
+    @staticmethod
+    def decompressobj(*args: Any, **kwargs: Any) -> Any:
+        inner = zlib.decompressobj(*args, **kwargs)
+        budget = _BUDGET.get()
+        return inner if budget is None else _BoundedDecompressor(inner, budget)
+
+
+@functools.cache
+def _install_bounded_zlib() -> None:
+    import pdfminer.pdftypes
+
+    pdfminer.pdftypes.zlib = _BoundedZlib()  # type: ignore[assignment]
+
+
+@contextmanager
+def bounded_streams(budget: _StreamBudget) -> Iterator[None]:
+    """在这段代码里，pdfminer 解压的每个 FlateDecode 流最多 ``budget.limit`` 字节，超限抛 ``LimitExceeded``。"""
+    _install_bounded_zlib()
+    token = _BUDGET.set(budget)
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
 
 
 @dataclass(frozen=True)
@@ -141,6 +253,9 @@ class _Renderer:
             self._broken = True
             logger.warning("pdf_render_unavailable", reason="pypdfium2 is not installed")
             return None
+        except MemoryError:
+            # 内存耗尽不是“这一页渲染不了”：交给调用方（解析子进程里即 RAG_INGEST_PARSE_MEMORY 超限）
+            raise
         except Exception as exc:  # pdfium 对个别页面/文件报错时只影响 OCR，文字层照常
             logger.warning("pdf_render_failed", page=page_number, error=repr(exc))
             return None
@@ -209,28 +324,33 @@ def _page_text(number: int, content: _PageContent, renderer: _Renderer, session:
 
 
 def parse_pdf(path: Path, session: OcrSession) -> list[Segment]:
-    """逐页解析 PDF。加密（需要打开密码）与损坏的文件抛 ParseError。"""
+    """逐页解析 PDF。加密（需要打开密码）与损坏的文件抛 ParseError，解压炸弹抛 LimitExceeded。"""
     from pdfminer.high_level import extract_pages
     from pdfminer.layout import LAParams
     from pdfminer.pdfdocument import PDFEncryptionError, PDFPasswordIncorrect
     from pdfminer.psexceptions import PSException
 
     renderer = _Renderer(path)
+    budget = _StreamBudget(session.limits.max_archive_member)
     segments: list[Segment] = []
     try:
-        for number, layout in enumerate(extract_pages(path, laparams=LAParams()), start=1):
-            text = tidy(_page_text(number, _collect(layout), renderer, session))
-            if text:
-                segments.append(Segment(text=text, page=number))
+        with bounded_streams(budget):
+            for number, layout in enumerate(extract_pages(path, laparams=LAParams()), start=1):
+                text = tidy(_page_text(number, _collect(layout), renderer, session))
+                if text:
+                    segments.append(Segment(text=text, page=number))
     except PDFPasswordIncorrect as exc:
         raise ParseError(ENCRYPTED_MESSAGE) from exc
     except PDFEncryptionError as exc:
         raise ParseError(f"{ENCRYPTED_MESSAGE}, or uses an unsupported encryption method ({exc})") from exc
     except (PSException, ValueError, KeyError, TypeError, AssertionError, EOFError) as exc:
+        if budget.exceeded:
+            raise stream_too_large(budget.limit) from exc
         # pdfminer 遇到损坏的文件时抛出的异常并不都继承自 PSException
         raise ParseError(f"The PDF is damaged or could not be read: {type(exc).__name__}: {exc}") from exc
-    except MemoryError as exc:
-        raise ParseError("Ran out of memory while reading the PDF", permanent=False) from exc
     finally:
         renderer.close()
+    if budget.exceeded:
+        # 超限的异常被 pdfminer 内部吞掉了（该流被当作空流）：照样按超限失败，不返回残缺的结果
+        raise stream_too_large(budget.limit)
     return segments

@@ -9,6 +9,7 @@ from typing import Protocol
 import structlog
 
 from raglib.parsing.base import ParsedDocument, ParseError, Segment
+from raglib.parsing.delimited import parse_csv
 from raglib.parsing.detect import detect_format
 from raglib.parsing.ebook_mail import parse_epub, parse_msg
 from raglib.parsing.limits import LimitExceeded, ParseLimits, is_zip
@@ -45,6 +46,7 @@ PARSERS: dict[str, Parser] = {
     "pptx": parse_pptx,
     "xlsx": parse_xlsx,
     "xls": parse_xls,
+    "csv": parse_csv,
     "txt": parse_txt,
     "markdown": parse_txt,
     "html": parse_html,
@@ -82,7 +84,9 @@ def parse_document(path: Path, *, filename: str, ocr: OcrEngine | None,
     ``filename`` 是用户上传时的文件名（扩展名参与格式判定；``path`` 可以是任意存储路径）。
     ``ocr`` 为 None 时不做 OCR：有图片内容则 ``ocr_skipped=True``，文字部分照常返回。
     损坏、加密、空文件、（OCR 后）没有任何文字时抛 ParseError；超过 ``limits``（默认值见 ``ParseLimits``）
-    时抛 ``LimitExceeded``：ZIP 容器在解压前按中央目录检查，字符数在解析后检查。
+    时抛 ``LimitExceeded``：ZIP 容器在解压前按中央目录检查，PDF 的压缩流在解压时检查，字符数在解析后检查。
+    内存耗尽时 ``MemoryError`` 原样抛出（不是 ParseError）：是否值得重试只有调用方知道——解析子进程里
+    它意味着撞到了 RAG_INGEST_PARSE_MEMORY，由 ``documents.sandbox`` 报告为永久失败。
     """
     limits = limits or ParseLimits()
     started = time.perf_counter()
@@ -103,8 +107,9 @@ def parse_document(path: Path, *, filename: str, ocr: OcrEngine | None,
         raise _no_text_error(fmt, session)
     limits.check_chars(sum(len(segment.text) for segment in segments))
     parsed = ParsedDocument(segments=segments, format=fmt, ocr_engine=session.engine_used,
-                            ocr_images=session.images, ocr_skipped=session.skipped)
+                            ocr_images=session.images, ocr_skipped=session.skipped, notes=tuple(session.notes))
     logger.info("document_parsed", format=fmt, segments=len(segments), chars=sum(len(s.text) for s in segments),
                 ocr_engine=parsed.ocr_engine, ocr_images=parsed.ocr_images, ocr_skipped=parsed.ocr_skipped,
-                ocr_failures=session.failures, duration_ms=round((time.perf_counter() - started) * 1000, 1))
+                ocr_failures=session.failures, notes=len(parsed.notes),
+                duration_ms=round((time.perf_counter() - started) * 1000, 1))
     return parsed

@@ -20,6 +20,7 @@ from knowledge.models import KnowledgeBase
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError
 from tests.conftest import FakeEmbedder, assert_error
+from tests.raglib.test_parsing import CSV_HEADER_ROW, csv_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -79,6 +80,25 @@ def test_upload_ingests_and_chunks_carry_metadata(client_rw, kb_factory, run_on_
         assert chunk.token_count <= 48
     assert any("投标截止时间" in c.chunk_text for c in chunks)
     assert any(c.metadata["heading_path"] == ["第二章 技术要求"] for c in chunks)
+
+
+def test_csv_upload_is_ingested_as_a_table_and_every_chunk_carries_the_header(client_rw, kb_factory, run_on_commit,
+                                                                              fake_embedder):
+    """GBK 编码、分号分隔的 CSV（Excel/WPS 中文导出常见）经真实上传接口摄取：不再 415，每个分块都带表头行。"""
+    kb = kb_factory()
+    content = csv_bytes(rows=150, delimiter=";", encoding="gbk")
+    response = upload(client_rw, kb, "通讯录.csv", content, run_on_commit)
+    assert response.status_code == 202, response.content
+    detail = client_rw.get(f"/documents/{response.json()['document_id']}").json()
+    assert detail["status"] == "completed", detail
+    assert detail["format"] == "csv" and detail["error_message"] is None
+    chunks = list(DocumentChunk.objects.filter(document_id=detail["id"]).order_by("chunk_index"))
+    assert detail["chunk_count"] == len(chunks) > 3
+    for chunk in chunks:
+        assert CSV_HEADER_ROW in chunk.chunk_text, chunk.chunk_text[:200]
+        assert chunk.metadata["heading_path"][0].startswith("第 ")
+    stored = "".join(chunk.chunk_text for chunk in chunks)
+    assert all(f"员工{index:03d}" in stored for index in range(1, 151))
 
 
 def test_upload_validation_order_and_errors(client_rw, kb_factory, settings):

@@ -13,10 +13,12 @@ import os
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django_q.models import Schedule
 
 from bench.helpers import hostile_samples
 from documents import sandbox
@@ -24,7 +26,7 @@ from documents.models import Document, DocumentChunk
 from raglib.parsing import ParseError
 from raglib.parsing.limits import LimitExceeded, ParseLimits
 from tests.documents.test_api import upload
-from tests.raglib.test_parsing import make_pdf
+from tests.raglib.test_parsing import make_pdf, pptx_with_claimed_picture
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db]
 
@@ -118,6 +120,70 @@ def test_zip_bomb_docx_is_rejected_from_the_central_directory(ingest, tmp_path):
 def test_zip_bomb_xlsx_is_rejected_from_the_central_directory(ingest, tmp_path):
     path = hostile_samples.zip_bomb_xlsx(tmp_path / "bomb.xlsx", sheets=3, megabytes_per_sheet=40)
     assert_failed(ingest("bomb.xlsx", path.read_bytes()), "RAG_INGEST_MAX_ARCHIVE_RATIO", "zip bomb")
+
+
+def flate_bomb_pdf(path: Path, *, megabytes: int) -> Path:
+    """一页 PDF，内容流是 FlateDecode 压缩的 ``megabytes`` MB 空格：文件约为它的千分之一（流式生成，不占内存）。"""
+    compressor = zlib.compressobj(9)
+    block = b" " * MB
+    stream = b"".join(compressor.compress(block) for _ in range(megabytes)) + compressor.flush()
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+               b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(stream), stream)]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def assert_not_retried(document: Document) -> None:
+    """永久失败只有一次尝试，也没有排下一次（issue #23：解压炸弹曾被当作暂时性失败重试 4 次）。"""
+    assert document.attempts == 1
+    assert not Schedule.objects.filter(name__startswith=f"ingest-retry:{document.id}:").exists()
+
+
+def test_pdf_flate_bomb_fails_at_once_on_the_stream_limit(ingest, settings, tmp_path):
+    """内容流解压后远超上限：解到上限就停（不把整个炸弹解进内存），永久失败并点名上限。"""
+    settings.INGEST_MAX_ARCHIVE_MEMBER = 4 * MB
+    path = flate_bomb_pdf(tmp_path / "bomb.pdf", megabytes=64)
+    assert path.stat().st_size < 100 * 1024
+    document = ingest("bomb.pdf", path.read_bytes())
+    assert_failed(document, "A compressed stream in the PDF unpacks to more than 4 MB",
+                  "RAG_INGEST_MAX_ARCHIVE_MEMBER", "decompression bomb")
+    assert_not_retried(document)
+
+
+def test_pdf_that_exhausts_the_parse_memory_fails_at_once_naming_the_limit(ingest, settings, tmp_path):
+    """流上限放开、解析内存上限调低：子进程内存耗尽是永久失败，消息点名 RAG_INGEST_PARSE_MEMORY 与它的值。
+
+    pdf 解析器曾把 MemoryError 翻译成“可重试”的 ParseError，同一个文件按退避重跑、每次都撑满内存。
+    """
+    settings.INGEST_MAX_ARCHIVE_MEMBER = 4096 * MB
+    settings.INGEST_PARSE_MEMORY = 384 * MB
+    document = ingest("bomb.pdf", flate_bomb_pdf(tmp_path / "bomb.pdf", megabytes=256).read_bytes())
+    assert_failed(document, "RAG_INGEST_PARSE_MEMORY", "384 MB")
+    assert "Ran out of memory" not in document.error_message
+    assert_not_retried(document)
+
+
+def test_oversized_picture_in_pptx_leaves_a_note_on_the_document(ingest, client_rw):
+    """9 亿像素的内嵌图片被跳过，文档照常完成，error_message 上写明哪张图、多少像素、哪个上限（issue #23）。"""
+    document = ingest("deck.pptx", pptx_with_claimed_picture(30000, 30000))
+    assert document.status == Document.Status.COMPLETED, document.error_message
+    assert DocumentChunk.objects.filter(document=document, chunk_text__contains="评分办法").exists()
+    detail = client_rw.get(f"/documents/{document.id}").json()
+    assert detail["status"] == "completed"
+    note = detail["error_message"]
+    assert note.startswith("Completed with notes:"), note
+    for phrase in ("slide 2", "30000x30000 = 900 M pixels", "RAG_INGEST_MAX_IMAGE_PIXELS", "skipped"):
+        assert phrase in note, note
 
 
 def test_archive_total_limit(tmp_path):

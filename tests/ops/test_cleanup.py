@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -49,6 +51,93 @@ def test_cleanup_deletes_everything_and_reports_progress(client_rw, kb_factory, 
     # 其他知识库不受影响；被删除的知识库行保留供审计
     assert DocumentChunk.objects.filter(knowledge_base=other).count() == 5
     assert KnowledgeBase.objects.get(pk=kb.pk).status == "deleted"
+
+
+def test_symlinked_file_folder_loses_its_files_and_nothing_else(client_rw, kb_factory, run_on_commit, settings,
+                                                                 tmp_path):
+    """知识库目录是指向数据目录以外的符号链接（issue #23：rmtree 拒绝链接、错误被忽略，文件留着却报告 completed）。
+
+    链接目标里本知识库的文件（原始文件、暂存向量、半截的 .partial）被删掉，链接本身被删掉；不是本服务写下的文件、
+    子目录、属于另一个知识库现存文档的文件原样留下。
+    """
+    kb, other = kb_factory(), kb_factory()
+    add_documents(kb, documents=2, chunks_per_document=2)
+    add_documents(other, documents=1, chunks_per_document=1)
+    ours = [document.id for document in Document.objects.filter(knowledge_base=kb)]
+    theirs = Document.objects.get(knowledge_base=other).id
+    target = tmp_path / "elsewhere" / "big-volume"
+    target.mkdir(parents=True)
+    owned = [f"{ours[0]}.pdf", f"{ours[1]}.docx", f"{ours[1]}.vectors.npz", f"{uuid.uuid4()}.txt.partial"]
+    for name in owned:
+        (target / name).write_bytes(b"ours")
+    foreign = ["notes.txt", f"{theirs}.pdf"]
+    for name in foreign:
+        (target / name).write_bytes(b"not ours")
+    subfolder = target / str(uuid.uuid4())  # 名字像文档 id 的子目录：本服务从不建子目录，不碰
+    subfolder.mkdir()
+    (subfolder / "inside.txt").write_bytes(b"not ours")
+    outside = tmp_path / "unrelated.pdf"
+    outside.write_bytes(b"must survive")
+    (target / f"{uuid.uuid4()}.pdf").symlink_to(outside)
+    link = cleanup.knowledge_base_files_dir(kb.id)
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target, target_is_directory=True)
+
+    task = _delete(client_rw, kb, run_on_commit)
+
+    body = client_rw.get(f"/cleanup_tasks/{task.id}").json()
+    assert body["status"] == "completed", body
+    assert not os.path.lexists(link)
+    remaining = set(os.listdir(target))
+    assert not remaining & set(owned)
+    assert set(foreign) <= remaining and (subfolder / "inside.txt").exists()
+    assert outside.read_bytes() == b"must survive"  # 目标里的链接只删链接本身，不跟随
+    assert Document.objects.filter(pk=theirs).exists()
+
+
+def test_link_into_another_knowledge_base_folder_deletes_only_the_link(client_rw, kb_factory, run_on_commit):
+    """链接指向另一个知识库的目录：那里的文件（包括还没提交文档行的上传）一个都不删，只删链接。"""
+    kb, other = kb_factory(), kb_factory()
+    theirs = cleanup.knowledge_base_files_dir(other.id)
+    theirs.mkdir(parents=True)
+    uploading = theirs / f"{uuid.uuid4()}.pdf"  # 正在上传：文件已写入，文档行还没提交
+    uploading.write_bytes(b"%PDF")
+    link = cleanup.knowledge_base_files_dir(kb.id)
+    link.symlink_to(theirs, target_is_directory=True)
+
+    task = _delete(client_rw, kb, run_on_commit)
+
+    task.refresh_from_db()
+    assert task.status == "completed"
+    assert not os.path.lexists(link) and uploading.exists()
+
+
+def test_cleanup_is_not_completed_while_files_remain(client_rw, kb_factory, run_on_commit, monkeypatch):
+    """原始文件删不掉（权限、只读挂载）是一次失败：照常排重试，不报告 completed，消息不带服务器上的绝对路径。"""
+    kb = kb_factory()
+    add_documents(kb, documents=1, chunks_per_document=1)
+    files = cleanup.knowledge_base_files_dir(kb.id)
+    files.mkdir(parents=True)
+    (files / f"{uuid.uuid4()}.pdf").write_bytes(b"%PDF")
+    real_rmtree = cleanup.shutil.rmtree
+
+    def denied(path, ignore_errors=False, **kwargs):
+        # 与真的 rmtree 一样：ignore_errors=True 时吞掉错误、文件留在原地
+        if not ignore_errors:
+            raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(cleanup.shutil, "rmtree", denied)
+    task = _delete(client_rw, kb, run_on_commit)
+    task.refresh_from_db()
+    assert task.status == "running" and task.next_retry_at is not None
+    assert "could not be deleted (Permission denied)" in task.error_message
+    assert f"files/{kb.id}" in task.error_message and str(files) not in task.error_message
+    assert files.exists()
+
+    monkeypatch.setattr(cleanup.shutil, "rmtree", real_rmtree)
+    _run_scheduled_retry(task)
+    task.refresh_from_db()
+    assert task.status == "completed" and not files.exists()
 
 
 def test_empty_kb_cleanup_completes_with_zero_total(client_rw, kb_factory, run_on_commit):

@@ -11,11 +11,13 @@ import hashlib
 import io
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from raglib.chunking import ChunkingOptions, Tokenizer, chunk_text
 from raglib.parsing import (
     SUPPORTED_EXTENSIONS,
     OcrEngine,
@@ -31,6 +33,8 @@ from raglib.parsing import (
     parse_document,
 )
 from raglib.parsing import ocr as ocr_module
+from raglib.parsing.delimited import MAX_COLUMNS, MAX_FIELD_CHARS, sniff_delimiter
+from raglib.parsing.limits import LimitExceeded, ParseLimits
 from raglib.parsing.text import decode_text
 from tests import sample_docs
 from tests.sample_docs import BODY, PICTURE_LINES, SCAN_LINES
@@ -212,8 +216,8 @@ def fake_ole(*stream_names: str) -> bytes:
 
 
 def test_supported_extensions_and_markdown_join() -> None:
-    assert SUPPORTED_EXTENSIONS == (".pdf", ".docx", ".xlsx", ".xls", ".pptx", ".txt", ".md", ".markdown", ".html",
-                                    ".htm", ".png", ".jpg", ".jpeg", ".epub", ".msg")
+    assert SUPPORTED_EXTENSIONS == (".pdf", ".docx", ".xlsx", ".xls", ".csv", ".pptx", ".txt", ".md", ".markdown",
+                                    ".html", ".htm", ".png", ".jpg", ".jpeg", ".epub", ".msg")
     parsed = ParsedDocument(segments=(Segment("第一页", page=1), Segment("第二页", page=2)), format="pdf",
                             ocr_engine=None, ocr_images=0, ocr_skipped=False)
     assert parsed.markdown == "第一页\n\n第二页"
@@ -342,6 +346,64 @@ def test_pptx_picture_text_lands_in_its_own_slide(samples: Path) -> None:
     parsed = parse(samples / "zh.pptx", fake)
     assert [segment.slide for segment in parsed.segments if "图片里的字" in segment.text] == [1]
     assert parsed.ocr_engine == "fake" and parsed.ocr_images == len(fake.images) == 1
+
+
+def claimed_png(width: int, height: int) -> bytes:
+    """文件头声称 ``width``x``height`` 的 PNG：只有几十字节，像素数据是残缺的（不会、也不该被解码）。"""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+def pptx_with_claimed_picture(width: int, height: int) -> bytes:
+    """两张幻灯片：第 1 张只有文字，第 2 张有文字和一张文件头声称 ``width``x``height`` 的图片。
+
+    先用正常的小图生成，再把包里的图片部件换成 ``claimed_png``：python-pptx 插图时会用 Pillow 读尺寸，
+    Pillow 自己的解压炸弹检查会拒绝声称 9 亿像素的图。
+    """
+    from pptx import Presentation
+    from pptx.util import Cm
+
+    presentation = Presentation()
+    blank = presentation.slide_layouts[6]
+    first = presentation.slides.add_slide(blank)
+    first.shapes.add_textbox(Cm(1), Cm(1), Cm(10), Cm(2)).text_frame.text = BODY
+    second = presentation.slides.add_slide(blank)
+    second.shapes.add_textbox(Cm(1), Cm(1), Cm(10), Cm(2)).text_frame.text = "第二张幻灯片：评分办法"
+    second.shapes.add_picture(io.BytesIO(png_bytes((64, 64), "black")), Cm(1), Cm(4), width=Cm(10))
+    buffer = io.BytesIO()
+    presentation.save(buffer)
+    rewritten = io.BytesIO()
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as target:
+        for member in source.infolist():
+            data = source.read(member)
+            if member.filename.startswith("ppt/media/"):
+                data = claimed_png(width, height)
+            target.writestr(member, data)
+    return rewritten.getvalue()
+
+
+def test_oversized_pptx_picture_is_skipped_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """9 亿像素的内嵌图片不解码、不送 OCR，文字照常返回；说明写明哪张图（第几张幻灯片）、多少像素、上限多少。"""
+    from PIL import Image
+
+    # 与解析子进程（documents.sandbox）相同：像素上限由 ParseLimits 按文件头检查，Pillow 自己的检查关掉
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    fake = FakeOcr()
+    parsed = parse(write(tmp_path, "deck.pptx", pptx_with_claimed_picture(30000, 30000)), fake)
+    assert fake.images == []
+    assert BODY in parsed.markdown and "评分办法" in parsed.markdown
+    assert [segment.slide for segment in parsed.segments] == [1, 2]
+    assert len(parsed.notes) == 1
+    note = parsed.notes[0]
+    for phrase in ("pptx picture 1 on slide 2 ('Picture 2')", "30000x30000 = 900 M pixels", "limit of 50 M pixels",
+                   "RAG_INGEST_MAX_IMAGE_PIXELS", "skipped"):
+        assert phrase in note, note
+    # 没有超限的图片就没有说明
+    assert parse(write(tmp_path, "ok.pptx", pptx_with_claimed_picture(640, 480)), fake).notes == ()
 
 
 def test_image_file_without_ocr_is_a_permanent_error(tmp_path: Path, ocr_image: bytes) -> None:
@@ -492,6 +554,94 @@ def test_html_in_gbk_with_and_without_meta_charset(tmp_path: Path) -> None:
         assert ZH_SAMPLE in text and "| 设备 | 100 |" in text
 
 
+# ---------------------------------------------------------------- CSV
+
+CSV_HEADER = ("姓名", "部门", "电话", "备注")
+CSV_HEADER_ROW = "| 姓名 | 部门 | 电话 | 备注 |"
+
+
+def csv_bytes(rows: int = 40, *, delimiter: str = ",", encoding: str = "utf-8", bom: bool = False) -> bytes:
+    """表头 + ``rows`` 行的中文 CSV（Excel 的写法：\\r\\n 换行，含分隔符、引号、换行的字段加引号）。"""
+    import csv
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, delimiter=delimiter, lineterminator="\r\n")
+    writer.writerow(CSV_HEADER)
+    for index in range(1, rows + 1):
+        writer.writerow([f"员工{index:03d}", "信息技术部", f"1380013{index:04d}",
+                         f"负责政务云平台第{index}期的运维，含“安全”保障; 值班|轮岗"])
+    data = buffer.getvalue().encode(encoding)
+    return (b"\xef\xbb\xbf" if bom else b"") + data
+
+
+@pytest.mark.parametrize("delimiter", [",", ";", "\t"])
+@pytest.mark.parametrize(("encoding", "bom"), [("utf-8", False), ("utf-8", True), ("gbk", False), ("gb18030", False),
+                                               ("utf-16", False)])
+def test_csv_encodings_and_delimiters(tmp_path: Path, delimiter: str, encoding: str, bom: bool) -> None:
+    parsed = parse(write(tmp_path, "名单.csv", csv_bytes(delimiter=delimiter, encoding=encoding, bom=bom)))
+    assert parsed.format == "csv" and len(parsed.segments) > 1
+    for segment in parsed.segments:
+        lines = segment.text.splitlines()
+        # 每组：行号标题、表头行、对齐行、数据行
+        assert lines[0].startswith("## 第 ") and lines[2] == CSV_HEADER_ROW and lines[3] == "| --- | --- | --- | --- |"
+    markdown = parsed.markdown
+    assert "| 员工001 | 信息技术部 | 13800130001 | 负责政务云平台第1期的运维，含“安全”保障; 值班\\|轮岗 |" in markdown
+    assert "员工040" in markdown and "\ufeff" not in markdown
+    # 行号与表格软件一致：表头是第 1 行
+    assert parsed.segments[0].text.startswith("## 第 2 至 ")
+    assert parsed.segments[-1].text.splitlines()[0].endswith(" 41 行")
+
+
+def test_sniff_delimiter_prefers_the_consistent_column_count() -> None:
+    # 逗号出现在正文里、分号才是分隔符
+    assert sniff_delimiter("名称;说明\n甲;一,二,三\n乙;四,五\n丙;六\n") == ";"
+    assert sniff_delimiter("a\tb\tc\n1\t2\t3\n") == "\t"
+    assert sniff_delimiter("只有一列\n第二行\n") == ","
+
+
+def test_csv_chunks_each_carry_the_header_row(tmp_path: Path) -> None:
+    """按默认的 token 分块（以及 recursive、paragraph、parent_child）：每个分块都从一组开头起，带着表头行。"""
+    parsed = parse(write(tmp_path, "名单.csv", csv_bytes(rows=200)))
+    tokenizer = Tokenizer.load(None)
+    for strategy in ("token", "recursive", "paragraph", "parent_child"):
+        drafts = chunk_text(parsed.markdown, ChunkingOptions(strategy=strategy), tokenizer=tokenizer)
+        searchable = [draft for draft in drafts if draft.role != "parent"]
+        assert len(searchable) > 3, strategy
+        for draft in searchable:
+            assert draft.text.startswith("## 第 ") and CSV_HEADER_ROW in draft.text, (strategy, draft.text[:80])
+        covered = "".join(draft.text for draft in searchable)
+        assert all(f"员工{index:03d}" in covered for index in range(1, 201)), strategy
+
+
+def test_csv_ragged_rows_quoted_newlines_and_blank_lines(tmp_path: Path) -> None:
+    data = ('\n编号,名称,说明\n1,服务器\n2,交换机,"带\n换行的说明",多出来的字段\n\n,,\n'
+            '3,防火墙,"含 | 竖线"\r4,网闸,老式换行\n').encode()
+    parsed = parse(write(tmp_path, "设备.csv", data))
+    lines = parsed.markdown.splitlines()
+    assert lines[2:4] == ["| 编号 | 名称 | 说明 |", "| --- | --- | --- |"]
+    assert "| 1 | 服务器 |  |" in lines  # 缺的列补空
+    assert "| 2 | 交换机 | 带 换行的说明, 多出来的字段 |" in lines  # 多出的字段并进最后一列
+    assert "| 3 | 防火墙 | 含 \\| 竖线 |" in lines and "| 4 | 网闸 | 老式换行 |" in lines
+    assert not any(line.startswith("|  |  |") for line in lines)  # 空行不算数据行
+    # 只有表头也是内容
+    assert parse(write(tmp_path, "空表.csv", "编号,名称\n".encode())).markdown == "| 编号 | 名称 |\n| --- | --- |"
+
+
+def test_csv_limits_are_permanent_and_named(tmp_path: Path) -> None:
+    # 引号没闭合：后面的全部内容进了一个字段，字段长度上限及时截住
+    unclosed = "编号,说明\n1,\"没有闭合的引号\n" + "后面全是正文。" * (MAX_FIELD_CHARS // 5)
+    with pytest.raises(LimitExceeded, match=r"longer than 131,072 characters.*quote") as excinfo:
+        parse(write(tmp_path, "unclosed.csv", unclosed.encode()))
+    assert excinfo.value.permanent
+    wide = ",".join(f"c{index}" for index in range(MAX_COLUMNS + 1)) + "\n"
+    with pytest.raises(LimitExceeded, match=r"1,001 fields, more than the limit of 1,000 columns"):
+        parse(write(tmp_path, "wide.csv", wide.encode()))
+    # 表头重复后的输出也受 RAG_INGEST_MAX_CHARS 约束（边生成边查）
+    path = write(tmp_path, "long.csv", csv_bytes(rows=2000))
+    with pytest.raises(LimitExceeded, match="RAG_INGEST_MAX_CHARS"):
+        parse_document(path, filename="long.csv", ocr=None, limits=ParseLimits(max_chars=len(path.read_bytes()) // 2))
+
+
 # ---------------------------------------------------------------- 格式识别（扩展名 + 内容）
 
 
@@ -506,6 +656,7 @@ def test_detect_format_by_extension_and_content(samples: Path) -> None:
     assert detect_format(fake_ole("Workbook"), "a.xls") == "xls"
     assert detect_format(head("zh.html"), "a.htm") == "html"
     assert detect_format("# 标题".encode(), "a.markdown") == "markdown"
+    assert detect_format("姓名,部门\n张三,信息技术部\n".encode("gbk"), "名单.CSV") == "csv"
     # 同一家族内按内容纠正：.xls 里其实是 xlsx 或网页导出的 HTML
     assert detect_format(head("zh.xlsx"), "export.xls") == "xlsx"
     assert detect_format(b"<html><body><table><tr><td>1</td></tr></table></body></html>", "export.xls") == "html"
