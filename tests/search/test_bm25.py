@@ -339,9 +339,8 @@ def test_hard_deleting_a_knowledge_base_removes_its_statistics(medical: Knowledg
 def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: KnowledgeBase,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """先回表的只是分数最高的一批；过滤条件把它们全排除时，要对全部候选再做一次，结果不丢。"""
-    from search import retrieval
 
-    monkeypatch.setattr(retrieval, "_BM25_SHORTLIST", 1)
+    monkeypatch.setattr(bm25, "_BM25_SHORTLIST", 1)
     query = parse_query("高血压 饮食 肝功能 乙肝 复查")
     everything = fulltext_search(medical, query, SearchFilters(), limit=50).hits
     assert len(everything) > 4

@@ -1,0 +1,146 @@
+"""全文检索引擎的接口：:class:`FulltextEngine` 与全文一路的结果类型。
+
+检索经 :func:`search.retrieval.fulltext_engine` 取得引擎：全文一路（``fulltext_search``）、给名单外的候选补分数
+（``fulltext_scores``）、``manage.py rebuild_fulltext`` 都经过它。现在只有一个实现
+:class:`search.bm25.PostgresFulltextEngine`：PostgreSQL 里自建的 BM25（倒排表 + 知识库级统计，由触发器维护；
+``RAG_FULLTEXT_RANKING=ts_rank_cd`` 时用 PostgreSQL 自带的 ``ts_rank_cd`` 排序）。
+
+## 引擎的 SQL 在哪里
+
+引擎在数据库里的部分——表、行类型、函数、触发器——写在 ``search/sql/`` 里，一个关注点一个文件，注释写明为什么：
+
+====================================  ==========================================================================
+``fulltext_storage.vN.sql``           倒排表 ``fulltext_postings``、行类型 ``fulltext_chunk_delta``、两张统计表的
+                                      存储参数与词统计的覆盖主键（统计表本身是 Django 模型，见 ``search.models``）
+``fulltext_impact.vN.sql``            倒排行的影响力 ``fulltext_impact()``（倒排按它排序，常见词只读最前面一段）
+``fulltext_stats_apply.vN.sql``       ``fulltext_stats_apply()``：把一条语句的分块增量记进统计与倒排
+``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数
+``fulltext_kb_stats_dropped.vN.sql``  统计行被删时清掉该库倒排的触发器与函数（整库清理的快路）
+====================================  ==========================================================================
+
+文件一经发布就不再修改，“当前版本”与“迁移做的事”因此永远一致：
+
+- 迁移用 ``search/migrations/_frozen_sql.py`` 的 ``frozen_sql(文件名, sha256)`` 读文件，内容与迁移里记下的
+  SHA-256 不符就拒绝加载。迁移不导入应用代码，也不拼接、修补别的迁移里的 SQL。
+- 改函数或触发器：新建 ``<名字>.v{N+1}.sql``（完整的 ``CREATE OR REPLACE``），加一个迁移应用它（回退时应用上一版）。
+  同一名字编号最大的文件就是数据库里当前生效的定义。
+- 改表：新建 ``fulltext_storage.v{N+1}.sql``，只写变更（``ALTER ...``），同样由新迁移应用；存储按编号顺序叠加。
+- ``tests/search/test_engine_sql.py`` 检查每个文件都被迁移按校验和钉住，并把数据库里活的函数、触发器与表
+  和这些文件逐一比较，漂移会被测出来。
+- 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；现在的 v1 就是这样来的：
+  ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。
+
+查询一侧的 SQL（BM25 打分、``ts_rank_cd``、补分数、统计的读取与核对）是 Python 常量，在 :mod:`search.bm25`；
+两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。
+
+## 换一种引擎
+
+能装 PostgreSQL 全文扩展的部署可以换掉自建的倒排。只写文档、还没有实现：
+
+1. 新写一个模块（如 ``search/pg_search.py``）实现 :class:`FulltextEngine`，让 ``search.retrieval.fulltext_engine``
+   按一个运维设置（如 ``RAG_FULLTEXT_ENGINE``）返回它；扩展与索引由一个新迁移按 ``search/sql/<扩展>_index.v1.sql``
+   创建（``CREATE EXTENSION`` 要超级用户，通常由 DBA 预先装好，迁移只检查并建索引）。
+2. **ParadeDB pg_search**：``CREATE INDEX ... ON document_chunks USING bm25 (id, (chunk_text::pdb.jieba))
+   WITH (key_field='id')``，按 ``chunk_text @@@ ...`` 匹配、``paradedb.score(id)`` 排序。分词在扩展里
+   （jieba / chinese_compatible / lindera），与 :mod:`raglib.analysis` 的字 bigram 不同，排序会变：
+   换引擎前要用 ``manage.py evaluate`` 在评测集上比较。标题加权要把标题放进单独的索引字段并加权查询。
+3. **pg_textsearch**（TigerData）：``CREATE INDEX ... USING bm25 (列) WITH (text_config='...')``，
+   ``ORDER BY 列 <@> to_bm25query(...)``（分数取负）。它按 PostgreSQL 的文本检索配置切词，中文要有
+   zhparser、pg_jieba 之类的配置，或者索引一个由 :mod:`raglib.analysis` 预先切好、空格分隔的文本列
+   （配 ``simple`` 配置）。要求 PostgreSQL 17+ 且放进 ``shared_preload_libraries``；它与 pg_search 都注册了
+   名为 ``bm25`` 的访问方法，两者不能装在同一个库里。
+4. 各方法在这些扩展上的对应：``search`` 是一条带检索范围的查询（范围 SQL 原样拼进 WHERE）；``index``、``rebuild``
+   是 ``REINDEX``（索引由 PostgreSQL 随写入维护，摄取不用改）；``delete`` 什么也不做（删分块就删了索引项）；
+   ``verify`` 返回空列表；``statistics`` 与 ``scores`` 需要 N 与 df：融合的覆盖率闸门
+   （:func:`raglib.bm25.coverage`）和对外分数的刻度都靠它们，可以保留 ``fulltext_kb_stats`` /
+   ``fulltext_term_stats`` 及其触发器（去掉倒排那部分），或者返回 ``statistics=None``（这时混合检索不给名单外的
+   候选补全文分数，覆盖率按 1 处理）。
+5. 不再用自建倒排时，新迁移删掉 ``document_chunks`` 上的三个触发器与倒排表，摄取省下维护倒排的开销；
+   想换回来就再应用一遍 v1 的文件并对每个知识库 ``rebuild``。
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from raglib.analysis import ParsedQuery, QueryTerm
+
+
+@dataclass(frozen=True)
+class PathHit:
+    """某一路召回的一个分块：余弦距离（向量），或全文的 BM25 分数（``ts_rank_cd`` 排序时是归一到 0~1 的 rank）。"""
+
+    chunk_id: int
+    value: float
+
+
+@dataclass(frozen=True)
+class ChunkScope:
+    """检索范围：对 ``document_chunks c`` 的 SQL 条件（不以 AND 开头）与它的参数。
+
+    由 :mod:`search.retrieval` 按知识库、文档状态与调用方的过滤条件生成，两路召回共用；引擎原样拼进自己的查询。
+    """
+
+    sql: str
+    params: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Bm25Statistics:
+    """一个查询用到的知识库统计：分块数、平均词数、各查询词的 df（键为 (词位, 是否前缀)）。"""
+
+    n: int
+    avgdl: float
+    dfs: dict[tuple[str, bool], int]
+
+
+@dataclass(frozen=True)
+class FulltextHits:
+    """全文一路的结果：命中，以及查询的 IDF 质量在本库中出现的比例（``raglib.bm25.coverage``，融合用来调权重）。"""
+
+    hits: list[PathHit]
+    coverage: float
+    # 这个查询在本库里可能得到的最高分（BM25：Σ qtf·idf·(k1+1)，库里没有的词按最大 IDF 计入）；
+    # 命中的分数除以它就是 0~1 的“匹配程度”，跨查询可比，用来校准对外分数。ts_rank_cd 本身已在 0~1，为 1
+    scale: float = 1.0
+    # BM25 排序时这次查询读到的统计（给名单外的候选补分数用，见 FulltextEngine.scores）；ts_rank_cd 排序时为 None
+    statistics: Bm25Statistics | None = None
+
+
+class FulltextEngine(Protocol):
+    """全文检索引擎：检索、补分数、统计，以及索引的维护（重算、整库删除、重建、核对）。
+
+    分块的写入不经过引擎：摄取（``documents.ingestion``，在 search 之下的一层）写分块行时就带上全文列
+    （``search_vector``、``search_length``），PostgreSQL 实现的倒排与统计由表上的触发器在同一事务里跟上。
+    """
+
+    def search(self, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, limit: int) -> FulltextHits:
+        """范围内与查询匹配的分块，按相关性降序的前 ``limit`` 个。"""
+        ...
+
+    def scores(self, query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:
+        """指定分块在这个查询上的完整分数（与 ``search`` 同一个公式、同一份统计），不含任何查询词的分块为 0。"""
+        ...
+
+    def statistics(self, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:
+        """知识库的分块数、平均词数与各查询词的 df。"""
+        ...
+
+    def index(self, *, kb_id: uuid.UUID | None = None) -> int:
+        """按当前的切词设置重算分块的全文索引（全部知识库，或 ``kb_id`` 一个）；返回处理的分块数。"""
+        ...
+
+    def delete(self, kb_id: uuid.UUID) -> int:
+        """整库清理前先丢掉这个知识库的索引，之后逐批删分块不再逐行维护；返回删掉的索引行数。"""
+        ...
+
+    def rebuild(self, kb_id: uuid.UUID) -> None:
+        """按分块重建这个知识库的索引与统计（修复用）。"""
+        ...
+
+    def verify(self, kb_id: uuid.UUID) -> list[str]:
+        """存储的索引与按分块重算的差异（人能读的描述）；空列表表示完全一致。"""
+        ...
