@@ -12,7 +12,9 @@
   在两路里的名次（取对数）、查询在本库的覆盖率、两路是否都找到它。差值特征让概率跨查询可比：同样 0.85 的余弦，
   在最好只有 0.86 的查询里和在最好有 0.95 的查询里意义不同。
 - 模型（:class:`RelevanceModel`）：特征标准化后的 L2 逻辑回归，牛顿法拟合（:func:`fit_logistic`），
-  每种检索方式一个（只用该方式有的特征），所以三种方式的分数含义相同。
+  每种检索方式一个（只用该方式有的特征），所以三种方式的分数含义相同。混合方式的模型只在全局校准的对数几率上
+  做单调的重新校准：名次不变，分数换成本库的尺度（BGE-M3 的余弦整体比 e5 低得多，按 e5 拟合的全局常数给它打分，
+  相关的结果也到不了 0.5）。
 
 全是纯函数与数据类，不碰数据库；造题与拟合的编排在 ``search.relevance``。
 """
@@ -28,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from raglib.scoring import Calibration, hybrid_logit
+
 # 牛顿法的 L2（作用在标准化后的特征上）：伪查询有几千个候选，这个量级只防完全可分时发散，不压制真实的权重
 L2 = 1.0
 
@@ -38,9 +42,13 @@ LIFT_RANK = 10
 MODE_FEATURES: dict[str, tuple[str, ...]] = {
     "vector": ("similarity", "similarity_gap", "similarity_lift", "vector_rank"),
     "fulltext": ("match", "match_share", "fulltext_rank", "coverage"),
-    "hybrid": ("similarity", "similarity_gap", "vector_rank", "match", "match_share", "fulltext_rank", "coverage",
-               "both", "fused_rank"),
+    # 混合方式只有一个特征：全局校准的对数几率（两路各自的证据按固定权重合起来）。在它上面学的是单调的重新校准：
+    # 排序与全局校准完全相同，只有分数换成本库（本模型）的尺度。让模型自己学两路的权重时它偏信全文一路——伪查询
+    # 是原文去字，字面重合多——在换了说法的真实问题上排序变差（docs/EVALUATION.md）；单调的校准不改名次，不会。
+    "hybrid": ("calibrated",),
 }
+# 只能单调（权重为正）使用的方式：拟合出非正的权重时不用这个模型（回到全局校准），截断也不做（截断会造成并列）
+MONOTONE_MODES = frozenset({"hybrid"})
 
 
 def fit_logistic(features: np.ndarray, labels: np.ndarray, *, l2: float = 1e-3,
@@ -78,13 +86,14 @@ def _log_rank(rank: int | None, depth: int) -> float:
     return math.log1p(rank if rank is not None else depth + 1)
 
 
-def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth: int,
-                       gate: float = 1.0) -> list[dict[str, float]]:
+def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth: int, gate: float = 1.0,
+                       calibration: Calibration | None = None) -> list[dict[str, float]]:
     """一次检索的全部候选 → 每个候选的特征（:data:`MODE_FEATURES` 里的名字）。差值特征相对本次检索最好的那条。
 
     ``gate`` 是全文一路的可信程度（覆盖率闸门，见 :func:`raglib.fusion.lexical_gate`）：两个匹配特征都乘上它。
     伪查询的覆盖率都很高（闸门为 1），模型没见过“查询的词在库里大多没有”的情形；另一种语言的问题只匹配上零星的
-    数字、人名时，乘上闸门才不会把这种匹配当成证据。"""
+    数字、人名时，乘上闸门才不会把这种匹配当成证据。``calibration`` 给出时另算 ``calibrated``（混合方式的全局校准
+    对数几率，用的是乘过闸门的匹配程度）。"""
     best_similarity = max((c.similarity for c in candidates if c.similarity is not None), default=0.0)
     best_match = max((c.match for c in candidates if c.match is not None), default=0.0)
     similarities = sorted((c.similarity for c in candidates if c.similarity is not None), reverse=True)
@@ -107,6 +116,8 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
             "both": 1.0 if c.vector_rank is not None and c.fulltext_rank is not None else 0.0,
             "fused_rank": _log_rank(c.fused_rank, 2 * depth),
         })
+        if calibration is not None:
+            rows[-1]["calibrated"] = hybrid_logit(similarity, match * gate, calibration)
     return rows
 
 
@@ -146,8 +157,9 @@ class RelevanceModel:
                    tuple(float(v) for v in data.get("high", ())))
 
 
-def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[bool]) -> RelevanceModel:
-    """在 (特征, 是否相关) 上拟合一种方式的模型；特征先按训练集标准化（常数特征的尺度记为 1）。"""
+def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[bool]) -> RelevanceModel | None:
+    """在 (特征, 是否相关) 上拟合一种方式的模型；特征先按训练集标准化（常数特征的尺度记为 1）。
+    单调的方式（:data:`MONOTONE_MODES`）拟合出非正的权重时返回 None，且不记取值范围（不截断）。"""
     names = MODE_FEATURES[mode]
     x = np.array([[row[name] for name in names] for row in rows], dtype=float)
     y = np.array(labels, dtype=float)
@@ -155,9 +167,13 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[b
     scale = x.std(axis=0)
     scale[scale < 1e-9] = 1.0
     weights, bias = fit_logistic((x - mean) / scale, y, l2=L2)
+    monotone = mode in MONOTONE_MODES
+    if monotone and not all(w > 0 for w in weights):
+        return None
+    low, high = ((), ()) if monotone else (tuple(float(v) for v in x.min(axis=0)),
+                                           tuple(float(v) for v in x.max(axis=0)))
     return RelevanceModel(mode, names, tuple(float(v) for v in mean), tuple(float(v) for v in scale),
-                          tuple(float(v) for v in weights), bias, tuple(float(v) for v in x.min(axis=0)),
-                          tuple(float(v) for v in x.max(axis=0)))
+                          tuple(float(v) for v in weights), bias, low, high)
 
 
 # ---------------------------------------------------------------- 伪查询

@@ -57,6 +57,10 @@ def fulltext_score(unit: float, calibration: Calibration) -> float:
     return sigmoid((unit - calibration.fulltext_center) / calibration.fulltext_scale)
 
 
+def hybrid_logit(similarity: float, unit: float, calibration: Calibration) -> float:
+    """混合方式的全局校准在逻辑函数之前的值（对数几率）：知识库自己的模型在它上面再做一次单调的校准。"""
+    return calibration.hybrid_vector * similarity + calibration.hybrid_fulltext * unit + calibration.hybrid_bias
+
+
 def hybrid_score(similarity: float, unit: float, calibration: Calibration) -> float:
-    return sigmoid(calibration.hybrid_vector * similarity + calibration.hybrid_fulltext * unit
-                   + calibration.hybrid_bias)
+    return sigmoid(hybrid_logit(similarity, unit, calibration))

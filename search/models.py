@@ -1,8 +1,9 @@
 """BM25 的知识库级统计：分块数、总词数、每个词位的文档频率。
 
-这两张表只由数据库触发器写（``document_chunks`` 上的语句级 AFTER INSERT/DELETE/UPDATE 触发器，见迁移
-``search.0001_bm25_statistics``）：任何让分块出现或消失的语句——摄取的 COPY、删除文档、重新索引、知识库清理、
-后台直接删——都在同一个事务里更新统计，分块可见的那一刻统计也可见，永远与分块一致，不需要定时任务。
+这两张表只由数据库触发器写（``document_chunks`` 上的语句级 AFTER INSERT/DELETE/UPDATE 触发器，SQL 见
+``search/sql/fulltext_stats_maintain.v1.sql`` 与 ``fulltext_stats_apply.v1.sql``）：任何让分块出现或消失的
+语句——摄取的 COPY、删除文档、重新索引、知识库清理、后台直接删——都在同一个事务里更新统计，
+分块可见的那一刻统计也可见，永远与分块一致，不需要定时任务。
 只统计可检索的分块（role ≠ parent）。
 """
 
@@ -52,16 +53,15 @@ class FulltextTermStats(models.Model):
 class RelevanceProfile(models.Model):
     """一个知识库不用标注学出来的相关概率模型（见 ``raglib.relevance`` 与 ``search.relevance``）。
 
-    每种检索方式一个逻辑回归（``mode_models``，JSON）；``validation`` 是拟合时在留出的伪查询上的自测：模型排序与
-    原有排序（混合为 RRF）的 MRR，以及 0.5 阈值下的精确率与召回率。混合检索只在模型排序不比 RRF 差时
-    （``rank_hybrid``）用它，否则保持原样——学出来的东西永远不会让结果变差。
+    每种检索方式一个逻辑回归（``mode_models``，JSON；混合方式是全局校准之上的单调校准，不改名次）；``validation``
+    是拟合时在留出的伪查询上的自测：模型排序与原有排序的 MRR、0.5 阈值下的精确率与召回率、拿掉答案后第一名的分数。
+    还没有自己模型的库借同一 ``embedding_model`` 里分块最多的那个库的（``search.profiles``）。
     """
 
     knowledge_base = models.OneToOneField(KnowledgeBase, on_delete=models.CASCADE, primary_key=True,
                                           related_name="relevance_profile", verbose_name="知识库")
     embedding_model = models.CharField("拟合时的 embedding 模型", max_length=300)
     mode_models = models.JSONField("各方式的模型", default=dict)
-    rank_hybrid = models.BooleanField("混合检索按模型排序", default=False)
     # 分块的汉字写法（hans 简体、hant 繁体，汉字太少时为空）：向量一路先把问题转成这种写法再算向量
     script = models.CharField("汉字写法", max_length=8, blank=True, default="")
     chunk_count = models.BigIntegerField("拟合时的可检索分块数")

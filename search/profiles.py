@@ -31,10 +31,6 @@ class _Profile:
 
 _EMPTY = _Profile({}, "")
 
-# 混合检索按本库模型排序（并用它给分）：目前关闭。伪查询是从原文抽句子去字，字面重合多，模型学得偏信全文一路；
-# 在换了说法的真实问题上它比“各自证据 + 全局校准”的排序差（toyhom nDCG@10 0.266 对 0.329，squad hit@5 0.958 对 0.969，
-# 见 docs/EVALUATION.md），而留出的伪查询自测看不出来。关闭时混合检索用全局校准的分数与排序，单路检索用本库模型的分数。
-RANK_HYBRID_BY_MODEL = False
 _cache: TTLCache[uuid.UUID, _Profile] = TTLCache(maxsize=4096, ttl=30)
 _lock = threading.Lock()
 
@@ -67,9 +63,6 @@ def _load(kb_id: uuid.UUID) -> _Profile:
     # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
     models = {mode: model for mode, data in profile.mode_models.items()
               if current(model := RelevanceModel.from_dict(data))}
-    if not (RANK_HYBRID_BY_MODEL and profile.rank_hybrid):
-        # 混合检索不用模型（见 RANK_HYBRID_BY_MODEL；或自测里模型排序不如 RRF）：用全局校准的分数与排序
-        models.pop("hybrid", None)
     return _Profile(models, script, profile.knowledge_base_id)
 
 
@@ -84,7 +77,7 @@ def _profile(kb_id: uuid.UUID) -> _Profile:
 
 
 def relevance_model(kb_id: uuid.UUID, mode: str) -> RelevanceModel | None:
-    """该知识库在该检索方式下学好的模型；没有拟合过（或混合检索没有采用）时为 None。"""
+    """该知识库在该检索方式下学好的模型（本库的或同模型的默认）；没有时为 None。"""
     return _profile(kb_id).models.get(mode)
 
 

@@ -381,13 +381,15 @@ def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _
     # 候选此时还是融合顺序，名次即 RRF 名次
     evidence = [Evidence(c.vector_similarity, c.fulltext_unit, c.vector_rank, c.fulltext_rank, rank)
                 for rank, c in enumerate(candidates, start=1)]
-    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage))
+    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage),
+                              calibration=calibration_from_settings())
     for candidate, row in zip(candidates, rows, strict=True):
         candidate.features = row
     mode = "hybrid" if len(paths) > 1 else next(iter(paths))
+    # 全局校准总是先算：混合方式的模型就建在它的对数几率上，评测拟合全局参数也要它记下的证据
+    _calibrated_scores(candidates, paths, coverage)
     model = relevance_model(kb.id, mode)
     if model is None:
-        _calibrated_scores(candidates, paths, coverage)
         return
     for candidate in candidates:
         assert candidate.features is not None

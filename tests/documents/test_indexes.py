@@ -31,7 +31,8 @@ def test_no_btree_index_is_a_prefix_of_another_on_the_same_table() -> None:
 
 
 def test_term_statistics_primary_key_covers_df() -> None:
-    # 前缀词的 df 是主键上一段范围的 df 之和：主键带上 df，这段求和才是仅索引扫描（见 search/sql/fulltext_storage.v1.sql）
+    # 前缀词的 df 是主键上一段范围的 df 之和：主键带上 df，这段求和才是仅索引扫描
+    # （见 search/sql/fulltext_storage.v1.sql）
     with connection.cursor() as cursor:
         cursor.execute("""
             SELECT i.indnkeyatts, array_agg(a.attname ORDER BY k.ord)

@@ -20,6 +20,7 @@ from raglib.relevance import (
     reciprocal_rank,
     without,
 )
+from raglib.scoring import Calibration
 
 CHUNKS = [
     (1, "月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。兰花需要散射光和较高的空气湿度。"),
@@ -48,12 +49,17 @@ def test_pseudo_queries_are_deterministic_and_drop_part_of_a_sentence() -> None:
 
 
 def test_candidate_features_are_relative_to_the_best_candidate() -> None:
-    rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50)
+    calibration = Calibration(0.8, 0.05, 0.5, 0.1, 10.0, 4.0, -9.0)
+    rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50,
+                              calibration=calibration)
     assert rows[0]["similarity_gap"] == 0.0 and rows[1]["similarity_gap"] == pytest.approx(-0.1)
     assert rows[1]["match"] == 0.0 and rows[1]["match_share"] == 0.0 and rows[0]["match_share"] == 1.0
     assert rows[1]["fulltext_rank"] == pytest.approx(math.log1p(51))  # 没进全文名单：按名单之后一名计
     assert (rows[0]["both"], rows[1]["both"]) == (1.0, 0.0) and rows[0]["coverage"] == 0.7
-    assert set(rows[0]) >= set(MODE_FEATURES["hybrid"])
+    assert set(rows[0]) >= set(MODE_FEATURES["hybrid"]) | set(MODE_FEATURES["vector"]) | set(MODE_FEATURES["fulltext"])
+    # 混合方式的特征是全局校准的对数几率（与 raglib.scoring.hybrid_score 同一个式子）
+    assert rows[0]["calibrated"] == pytest.approx(10.0 * 0.9 + 4.0 * 0.5 - 9.0)
+    assert rows[1]["calibrated"] == pytest.approx(10.0 * 0.8 - 9.0)
     # 只有两条候选：比“第 10 名”高出的相似度以最后一名为参照
     assert rows[0]["similarity_lift"] == pytest.approx(0.1) and rows[1]["similarity_lift"] == 0.0
 

@@ -18,6 +18,7 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
+from raglib.relevance import fit_model
 from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import MIN_CHUNKS, profiles_due, relevance_fit, relevance_forget, relevance_refresh
@@ -89,13 +90,27 @@ def test_search_scores_with_the_learned_model_and_falls_back_without_it(library:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_hybrid_keeps_rrf_when_the_model_ranks_worse(library: KnowledgeBase) -> None:
-    profile = relevance_fit(kb=library, queries=40, seed=0)
-    assert profile is not None
-    RelevanceProfile.objects.filter(pk=profile.pk).update(rank_hybrid=False)
-    profiles.forget(library.id)
-    assert profiles.relevance_model(library.id, "hybrid") is None
-    assert profiles.relevance_model(library.id, "vector") is not None
+def test_hybrid_model_rescales_scores_without_changing_the_order(library: KnowledgeBase) -> None:
+    """混合方式的模型是全局校准之上的单调校准：名次与全局校准完全相同，分数换成本库的。"""
+    request = services.SearchRequest(query="火星 第2种情况 处理方法", top_k=10, mode="hybrid", rerank=False)
+    before = services.search(library, request).results
+    assert before and not any(r.learned for r in before)
+    relevance_fit(kb=library, queries=40, seed=0)
+    model = profiles.relevance_model(library.id, "hybrid")
+    assert model is not None and model.features == ("calibrated",) and model.weights[0] > 0
+    after = services.search(library, request).results
+    assert [r.chunk.chunk_id for r in after] == [r.chunk.chunk_id for r in before]
+    assert all(r.learned for r in after)
+    assert [r.score for r in after] != [r.score for r in before]
+    assert [r.score for r in after] == sorted((r.score for r in after), reverse=True)
+
+
+def test_hybrid_model_is_not_used_when_it_would_reverse_the_order() -> None:
+    """拟合出非正的权重（证据越强越不相关）时不要这个模型：回到全局校准，而不是把排序倒过来。"""
+    rows = [{"calibrated": float(v)} for v in range(20)]
+    assert fit_model("hybrid", rows, [v < 5 for v in range(20)]) is None
+    monotone = fit_model("hybrid", rows, [v >= 15 for v in range(20)])
+    assert monotone is not None and monotone.low == () and monotone.high == ()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -45,8 +45,7 @@ class Command(BaseCommand):
             if profile is None:
                 self.stdout.write(f"{kb.name}：可检索分块少于 {MIN_CHUNKS} 个，不拟合，沿用全局校准参数")
                 continue
-            self.stdout.write(f"{kb.name}：{profile.queries} 条伪查询，用时 {time.monotonic() - started:.0f} s；"
-                              f"混合检索{'按模型排序' if profile.rank_hybrid else '保持 RRF 排序'}")
+            self.stdout.write(f"{kb.name}：{profile.queries} 条伪查询，用时 {time.monotonic() - started:.0f} s")
             self.stdout.write("| 方式 | 自测问题数 | MRR 模型 | MRR 原有 | 精确率@0.5 | 召回率@0.5 "
                               "| 无答案时第一名（均值 / ≥0.5 的比例） |")
             self.stdout.write("|---|---|---|---|---|---|---|")
