@@ -1,4 +1,7 @@
-"""文档与分块的管理后台：查看状态、错误、耗时，重新索引；分块只读，可全文搜索。"""
+"""文档与分块的管理后台：查看状态、错误、耗时，重新索引；分块只读，可全文搜索。
+
+上传的文件与知识条目（``external_id`` 非空的文档行）在同一个列表里，用“类型”列与筛选区分。
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.formats import date_format
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from documents import services
 from documents.models import Document, DocumentChunk, KnowledgeDomain
@@ -28,18 +31,56 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+# 列表的错误列最多显示这么多字符（折行显示），全文在悬停提示与详情页里
+ERROR_PREVIEW_CHARS = 200
+
+# 详情页“各阶段耗时”的顺序与中文名；stage_timings 的键是 ``<阶段>_ms``（见 documents.ingestion.Run.timings_ms）。
+# OCR 的耗时从解析里单独拿出来记，所以这里的“解析”不含 OCR
+TIMING_LABELS = {"parse": "解析", "ocr": "OCR", "chunk": "分块", "embed": "向量化", "store": "写入"}
+
+
+class DocumentKindFilter(admin.SimpleListFilter):
+    """按类型筛选：上传的文件，或 Agent 按外部 id 写入的知识条目。"""
+
+    title = "类型"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+        return [("file", "上传文件"), ("item", "知识条目")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Document]) -> QuerySet[Document]:
+        if self.value() == "file":
+            return queryset.filter(external_id="")
+        if self.value() == "item":
+            return queryset.exclude(external_id="")
+        return queryset
+
+
+def format_milliseconds(value: float) -> str:
+    """耗时的显示：千位分隔、1 秒以内保留一位小数（``12.3 ms``、``1,234 ms``）。"""
+    return f"{value:,.1f} ms" if value < 1000 else f"{value:,.0f} ms"
+
+
+def share(part: float, total: float) -> str:
+    """占比：不到 1% 的写“<1%”，不写成误导的“0%”。"""
+    if total <= 0:
+        return "—"
+    ratio = part / total
+    return "<1%" if 0 < ratio < 0.005 else f"{ratio:.0%}"
+
+
 @admin.register(Document)
 class DocumentAdmin(_ReadOnlyAdmin):
-    list_display = ["filename", "knowledge_base", "state", "chunk_count", "ocr", "error_summary", "updated"]
-    list_filter = ["status", "reindex_status", "ocr_skipped", "format", "knowledge_base"]
+    list_display = ["filename", "kind", "knowledge_base", "state", "chunk_count", "ocr", "error_summary", "updated"]
+    list_filter = [DocumentKindFilter, "status", "reindex_status", "ocr_skipped", "format", "knowledge_base"]
     search_fields = ["filename", "id", "external_id", "error_message"]
     list_select_related = ["knowledge_base"]
-    readonly_fields = [*(f.name for f in Document._meta.fields), "state", "ocr"]
-    # 详情页与列表用同样的“状态与进度”“OCR”说明，不显示布尔图标
+    readonly_fields = [*(f.name for f in Document._meta.fields), "kind", "state", "ocr", "timings"]
+    # 详情页与列表用同样的“状态与进度”“OCR”说明，不显示布尔图标；耗时是一张小表，不是 JSON 原文
     fieldsets = [
-        (None, {"fields": ["filename", "knowledge_base", "state", "error_message", "chunk_count", "format",
+        (None, {"fields": ["filename", "kind", "knowledge_base", "state", "error_message", "chunk_count", "format",
                            "size_bytes", "ocr"]}),
-        ("处理记录", {"fields": ["stage_timings", "attempts", "next_retry_at", "request_id", "created_at",
+        ("处理记录", {"fields": ["timings", "attempts", "next_retry_at", "request_id", "created_at",
                              "updated_at", "finished_at"]}),
         ("文件与参数", {"classes": ["collapse"],
                         "fields": ["id", "metadata", "chunking", "sha256", "stored_path"]}),
@@ -62,6 +103,10 @@ class DocumentAdmin(_ReadOnlyAdmin):
             label += "（重新索引失败）"
         return format_html('<span class="rag-status-{}">{}</span>', obj.status, label)
 
+    @admin.display(description="类型", ordering="external_id")
+    def kind(self, obj: Document) -> str:
+        return "知识条目" if obj.external_id else "上传文件"
+
     @admin.display(description="OCR", ordering="ocr_skipped")
     def ocr(self, obj: Document) -> str:
         # 布尔图标（红色 ✗）会被读成“出错了”；这里是中性的说明
@@ -76,10 +121,37 @@ class DocumentAdmin(_ReadOnlyAdmin):
 
     @admin.display(description="错误")
     def error_summary(self, obj: Document) -> str:
-        if not obj.error_message:
+        """折行显示（样式见 templates/admin/base_site.html，长路径、长单词也会断开，不撑宽列表）；
+        超过 ``ERROR_PREVIEW_CHARS`` 的截断，全文在悬停提示与详情页里。"""
+        message = obj.error_message
+        if not message:
             return "—"
-        short = obj.error_message if len(obj.error_message) <= 120 else obj.error_message[:119] + "…"
-        return format_html('<span title="{}">{}</span>', obj.error_message, short)
+        if len(message) <= ERROR_PREVIEW_CHARS:
+            return format_html('<span class="rag-error">{}</span>', message)
+        return format_html('<span class="rag-error" title="{}">{}…</span>', message,
+                           message[:ERROR_PREVIEW_CHARS - 1])
+
+    @admin.display(description="各阶段耗时")
+    def timings(self, obj: Document) -> str:
+        """``{"parse_ms": 812.4, …}`` → 阶段（中文）、毫秒、占比的小表，按流水线顺序，最后一行合计。"""
+        values: dict[str, float] = {}
+        for key, value in (obj.stage_timings or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values[key.removesuffix("_ms")] = float(value)
+        if not values:
+            return "—"
+        order = [*[name for name in TIMING_LABELS if name in values],
+                 *sorted(name for name in values if name not in TIMING_LABELS)]
+        total = sum(values.values())
+        rows = format_html_join(
+            "", '<tr><th scope="row">{}</th><td class="num">{}</td><td class="num">{}</td></tr>',
+            ((TIMING_LABELS.get(name, name), format_milliseconds(values[name]),
+              share(values[name], total)) for name in order),
+        )
+        return format_html('<table class="rag-timings"><thead><tr><th>阶段</th><th class="num">耗时</th>'
+                           '<th class="num">占比</th></tr></thead><tbody>{}</tbody><tfoot><tr><th scope="row">合计'
+                           '</th><td class="num">{}</td><td class="num"></td></tr></tfoot></table>',
+                           rows, format_milliseconds(total))
 
     @admin.action(description="重新索引所选文档")
     def reindex(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 from django.http import HttpRequest, HttpResponseRedirect
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.html import format_html
 
 from infra.admin_actions import apply_service
 from infra.errors import ApplicationError
@@ -15,14 +19,61 @@ from knowledge import services
 from knowledge.models import CleanupTask, KnowledgeBase
 
 
+def _short_time(value: datetime | None) -> str:
+    """列表里只显示日期，悬停看到分钟。"""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value)
+    return format_html('<span title="{}">{}</span>', date_format(local, "Y-m-d H:i"), date_format(local, "Y-m-d"))
+
+
 @admin.register(KnowledgeBase)
 class KnowledgeBaseAdmin(admin.ModelAdmin):
-    list_display = ["name", "status", "created_at", "updated_at", "deleted_at"]
+    list_display = ["name", "status", "document_total", "chunk_total", "embedding", "created", "updated", "deleted"]
     list_filter = ["status"]
     search_fields = ["name", "description"]
     # 向量索引压缩只读显示：改它会让定时任务重建该库的 HNSW 索引，经 API 的 PATCH 修改
     readonly_fields = ["id", "vector_compression", "created_at", "updated_at", "deleted_at"]
     actions = ["enable", "disable", "soft_delete"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[KnowledgeBase]:
+        """列表的文档数与分块数在同一条查询里聚合（不是每行一次查询）。
+
+        文档数不含已删除的墓碑；分块数与首页概览（ops.dashboard）同一口径：已完成文档的 chunk_count 之和——
+        对 document_chunks 计数在大库上是全表扫描。状态写成字面值：documents 在上一层，这里不能导入
+        ``Document.Status``（取值由 documents_status_valid 约束固定）。
+        """
+        return super().get_queryset(request).annotate(
+            document_total=Count("documents", filter=~Q(documents__status="deleted")),
+            chunk_total=Sum("documents__chunk_count", filter=Q(documents__status="completed")),
+        )
+
+    @admin.display(description="文档数", ordering="document_total")
+    def document_total(self, obj: KnowledgeBase) -> int:
+        return int(getattr(obj, "document_total", 0) or 0)
+
+    @admin.display(description="分块数", ordering="chunk_total")
+    def chunk_total(self, obj: KnowledgeBase) -> int:
+        return int(getattr(obj, "chunk_total", 0) or 0)
+
+    @admin.display(description="Embedding 模型", ordering="embedding_model")
+    def embedding(self, obj: KnowledgeBase) -> str:
+        # 窄列里优先在冒号后折行，而不是把模型名从中间断开
+        return format_html('<span title="{} 维">{}:<wbr>{}</span>', obj.embedding_dimension, obj.embedding_provider,
+                           obj.embedding_model)
+
+    # 完整日期（“2026年11月25日 04:33”）三列并排会把列表挤出横向滚动条：列表里只有日期，详情页是完整时间
+    @admin.display(description="创建于", ordering="created_at")
+    def created(self, obj: KnowledgeBase) -> str:
+        return _short_time(obj.created_at)
+
+    @admin.display(description="更新于", ordering="updated_at")
+    def updated(self, obj: KnowledgeBase) -> str:
+        return _short_time(obj.updated_at)
+
+    @admin.display(description="删除于", ordering="deleted_at")
+    def deleted(self, obj: KnowledgeBase) -> str:
+        return _short_time(obj.deleted_at)
 
     def has_change_permission(self, request: HttpRequest, obj: KnowledgeBase | None = None) -> bool:
         # 已删除的知识库不可恢复或修改：详情页只读（仍可查看，供审计）

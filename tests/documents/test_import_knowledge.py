@@ -1,14 +1,19 @@
-"""目录导入（manage.py import_knowledge）与 domain 同步 API：版本跳过、变更重同步、删除已移除的条目。"""
+"""目录导入（manage.py import_knowledge）与 domain 同步 API：版本跳过、变更重同步、删除已移除的条目；
+命令的终端输出（进度条与中文汇总里不夹 JSON 日志）。"""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+import structlog
+from django.core.management import CommandError, call_command
 
 from documents.models import Document, KnowledgeDomain
 from knowledge.models import KnowledgeBase
@@ -48,7 +53,7 @@ def test_second_run_skips_unchanged_domain_and_resyncs_changed(tmp_path: Path,
     write_domain(directory, "garden", 1, GARDEN_V1)
     output = run_import(directory)
     assert "python v1：新建 3" in output and "garden v1：新建 2" in output
-    assert "合计：created 5" in output
+    assert "合计：新建 5，更新 0，未变 0，删除 0，失败 0，向量化分块 5，复用向量的分块 0；耗时" in output
     kb = KnowledgeBase.objects.get(name="agent-kb")
     assert Document.objects.filter(knowledge_base=kb, status="completed").exclude(external_id="").count() == 5
     assert set(KnowledgeDomain.objects.values_list("domain", "version", "status")) == {
@@ -60,14 +65,14 @@ def test_second_run_skips_unchanged_domain_and_resyncs_changed(tmp_path: Path,
              {"id": "py-4", "title": "asyncio", "content": "asyncio 用事件循环调度协程。"}]
     write_domain(directory, "python", 2, py_v2)
     dry = run_import(directory, "--dry-run")
-    assert "（dry run）python v2：新建 1，更新 1，未变 1，删除 1" in dry
+    assert "（试运行）python v2：新建 1，更新 1，未变 1，删除 1" in dry and "（试运行，未写入）" in dry
     assert "garden v1：版本与内容未变，跳过（2 条）" in dry
     assert Document.objects.filter(external_id="py-3").exists()  # dry run 不写入
 
     fake_embedder.calls.clear()
     output = run_import(directory)
     assert "garden v1：版本与内容未变，跳过" in output
-    assert "python v2：新建 1，更新 1，未变 1，删除 1，失败 0；分块 embedding 2、复用 0" in output
+    assert "python v2：新建 1，更新 1，未变 1，删除 1，失败 0；向量化分块 2、复用向量的分块 0" in output
     assert sum(fake_embedder.calls) == 2
     assert not Document.objects.filter(external_id="py-3").exists()
     assert Document.objects.get(external_id="py-2").content == "CPython 3.13 可以关闭 GIL。"
@@ -88,8 +93,8 @@ def test_bad_files_are_reported_and_others_still_import(tmp_path: Path, fake_emb
     err = StringIO()
     with pytest.raises(SystemExit):
         call_command("import_knowledge", str(directory), "--kb", "agent-kb", stdout=StringIO(), stderr=err)
-    assert "broken.json: cannot read JSON" in err.getvalue()
-    assert "b: invalid item in ok.json" in err.getvalue()
+    assert "broken.json：无法读取 JSON" in err.getvalue()
+    assert "b: ok.json 里的条目不合法" in err.getvalue()
     assert Document.objects.filter(external_id="a", status="completed").exists()
     assert KnowledgeDomain.objects.get(domain="ok").status == "failed"
 
@@ -125,3 +130,67 @@ def test_domain_sync_api(client_rw: Any, kb_factory: Any, fake_embedder: FakeEmb
     assert [(d["domain"], d["version"], d["item_count"]) for d in domains] == [("garden", "2", 1)]
     reader = make_client(access="read")
     assert_error(reader.post(path, {"version": "3", "items": []}, format="json"), 403, "PERMISSION_DENIED")
+
+
+# ---------------------------------------------------------------- 终端输出：进度条与汇总不夹 JSON 日志
+
+
+@pytest.fixture
+def terminal() -> Iterator[StringIO]:
+    """模拟一个终端：结构化日志（infra.logging 配置的 stdout handler）与命令的 stdout 写到同一处。"""
+    handler = next(h for h in logging.getLogger().handlers
+                   if isinstance(h, logging.StreamHandler) and h.get_name() == "stdout")
+    screen = StringIO()
+    previous = handler.setStream(screen)
+    try:
+        yield screen
+    finally:
+        if previous is not None:
+            handler.setStream(previous)
+
+
+def test_progress_bar_and_summary_are_clean_and_chinese(tmp_path: Path, fake_embedder: FakeEmbedder,
+                                                        terminal: StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    from documents.management.commands import import_knowledge
+
+    real_sync = import_knowledge.domain_sync
+
+    def sync_with_warning(**kwargs: Any) -> Any:
+        structlog.get_logger("documents.items").warning("item_embedding_failed", items=1, error="boom")
+        return real_sync(**kwargs)
+
+    monkeypatch.setattr(import_knowledge, "domain_sync", sync_with_warning)
+    directory = tmp_path / "knowledge"
+    write_domain(directory, "python", 1, PY_V1)
+    err = StringIO()
+    call_command("import_knowledge", str(directory), "--kb", "agent-kb", stdout=terminal, stderr=err)
+    screen = terminal.getvalue()
+    # 运行期间一行 JSON 日志都没有（摄取时 item_stored、items_written、domain_synced 都是 info）
+    assert '"event"' not in screen, screen
+    assert "\r[##############################] 3/3" in screen
+    lines = screen.replace("\r", "\n").splitlines()
+    total = next(line for line in lines if line.startswith("合计："))
+    assert not re.search(r"[A-Za-z]", total), total  # 汇总全是中文
+    assert total.startswith("合计：新建 3，更新 0，未变 0，删除 0，失败 0，向量化分块 3，复用向量的分块 0；耗时 ")
+    assert total.endswith(" 秒")
+    # 警告照常可见，只是写到 stderr
+    assert '"event": "item_embedding_failed"' in err.getvalue() and '"level": "warning"' in err.getvalue()
+    # 命令结束后日志恢复原样
+    structlog.get_logger("tests").info("after_import")
+    assert '"event": "after_import"' in terminal.getvalue()
+
+
+def test_verbose_import_keeps_the_structured_logs(tmp_path: Path, fake_embedder: FakeEmbedder,
+                                                  terminal: StringIO) -> None:
+    directory = tmp_path / "knowledge"
+    write_domain(directory, "garden", 1, GARDEN_V1)
+    call_command("import_knowledge", str(directory), "--kb", "agent-kb", "-v", "2", stdout=StringIO(),
+                 stderr=StringIO())
+    assert '"event": "domain_synced"' in terminal.getvalue()
+
+
+def test_directory_errors_are_in_chinese(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="不是一个文件夹"):
+        call_command("import_knowledge", str(tmp_path / "nowhere"), "--kb", "agent-kb")
+    with pytest.raises(CommandError, match=r"没有 \*\.json 知识文件"):
+        call_command("import_knowledge", str(tmp_path), "--kb", "agent-kb")

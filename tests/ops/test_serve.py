@@ -1,9 +1,11 @@
 """端到端：全新数据目录上 ``manage.py serve``（README 第一条命令的主体）拉起内嵌 PostgreSQL、
-web 与 worker，/ready 变为 200，API key 可用，删除知识库由真实 worker 清理完成，SIGTERM 优雅退出。"""
+web 与 worker，/ready 变为 200，API key 可用，删除知识库由真实 worker 清理完成，SIGTERM 优雅退出；
+真实 gunicorn 读得到分块传输（没有 Content-Length）的请求体。"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,8 +17,9 @@ import psutil
 import pytest
 import requests
 from django.conf import settings
+from urllib3 import encode_multipart_formdata
 
-from tests.workers import wait_for
+from tests.workers import GunicornServer, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 ROOT = settings.BASE_DIR
@@ -136,4 +139,94 @@ def test_plain_migrate_then_gunicorn_and_qcluster_become_ready(tmp_path):
                 os.killpg(process.pid, signal.SIGKILL)
         for log in logs.values():
             log.close()
+        subprocess.run([*manage, "embeddeddb", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=60)
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return requests.get(f"{base}/health", timeout=5).status_code == 200
+    except (requests.ConnectionError, requests.Timeout):
+        return False
+
+
+def _chunks(data: bytes, size: int = 1000):
+    """生成器请求体：requests 用 Transfer-Encoding: chunked 发送，不带 Content-Length。"""
+    yield from (data[i:i + size] for i in range(0, len(data), size))
+
+
+def _post_chunked(url: str, data: bytes, content_type: str) -> requests.Response:
+    response = requests.post(url, data=_chunks(data), headers={"Content-Type": content_type}, timeout=30)
+    assert response.request.headers.get("Transfer-Encoding") == "chunked"
+    assert "Content-Length" not in response.request.headers
+    return response
+
+
+def _too_large(response: requests.Response, field: str | None, setting: str) -> None:
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "PAYLOAD_TOO_LARGE" and error["request_id"] == response.headers["X-Request-ID"]
+    assert error["details"][0]["field"] == field and setting in error["details"][0]["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gunicorn_reads_chunked_request_bodies(tmp_path):
+    """issue 23：gunicorn 把分块传输的请求体交给应用时不设 CONTENT_LENGTH，Django 曾把它读成空的
+    （JSON 得到 “name 必填”，上传得到 “没有文件”）。现在完整读到；超过上限的分块请求体仍是统一格式的 413。"""
+    document_limit = 8192
+    server = GunicornServer(tmp_path, workers=1, RAG_MAX_REQUEST_BODY="4096",
+                            RAG_MAX_DOCUMENT_SIZE=str(document_limit), RAG_RERANK_PROVIDER="none").start()
+    try:
+        # 没有 qcluster，/ready 不会变 200：等 /health（worker 预加载完模型才开始接请求）
+        wait_for(lambda: _healthy(server.base) or server.proc.poll() is not None, timeout=180, interval=1,
+                 what="gunicorn answers /health")
+        assert server.proc.poll() is None, server.log()
+        created = _post_chunked(f"{server.base}/knowledge_bases", json.dumps({"name": "分块"}).encode(),
+                                "application/json")
+        assert created.status_code == 201, created.text
+        assert created.json()["name"] == "分块"
+
+        upload_url = f"{server.base}/knowledge_bases/{created.json()['id']}/documents"
+        body, content_type = encode_multipart_formdata(
+            {"file": ("a.txt", "分块上传的正文".encode()), "metadata": json.dumps({"title": "分块上传"})})
+        uploaded = _post_chunked(upload_url, body, content_type)
+        assert uploaded.status_code == 202, uploaded.text
+        document = requests.get(f"{server.base}/documents/{uploaded.json()['document_id']}", timeout=10).json()
+        assert document["metadata"]["title"] == "分块上传" and document["size_bytes"] == len("分块上传的正文".encode())
+
+        _too_large(_post_chunked(f"{server.base}/knowledge_bases", b'{"name": "' + b"x" * 5000 + b'"}',
+                                 "application/json"), None, "RAG_MAX_REQUEST_BODY")
+        # multipart 的上限是文件上限加 1 MiB 的边界余量（与带 Content-Length 的上传同一口径）
+        body, content_type = encode_multipart_formdata({"file": ("big.txt", b"x" * (document_limit + (1 << 20)))})
+        _too_large(_post_chunked(upload_url, body, content_type), "file", "RAG_MAX_DOCUMENT_SIZE")
+        # 同一个 worker 之后照常服务
+        assert requests.get(f"{server.base}/knowledge_bases", timeout=10).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_serve_does_not_log_its_own_ready_polls(tmp_path):
+    """启动终端里没有 serve 自己轮询 /ready 的访问日志（以前是二十几行 503）；别人发来的 /ready 照常记录。"""
+    env = _env_for(tmp_path / "quiet") | {"RAG_WEB_WORKERS": "1", "RAG_QUEUE_SYNC": "true"}
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        # 不起 worker（RAG_QUEUE_SYNC=true 时 /ready 不等 worker）：这里只看 web 与轮询
+        server = subprocess.Popen([*manage, "serve", "--port", str(port), "--no-worker"], cwd=ROOT, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "ragservice 已就绪" in log_path.read_text(), timeout=240, interval=1, what="the ready line")
+        # 至少最后那次得到 200 的轮询以前会记一行；现在一行都没有
+        assert '"route": "/ready"' not in log_path.read_text()
+        assert requests.get(f"http://127.0.0.1:{port}/ready", timeout=10).status_code == 200
+        wait_for(lambda: '"route": "/ready"' in log_path.read_text(), timeout=10, what="the access log line")
+        lines = [line for line in log_path.read_text().splitlines() if '"route": "/ready"' in line]
+        assert len(lines) == 1 and '"status": 200' in lines[0]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
         subprocess.run([*manage, "embeddeddb", "stop"], cwd=ROOT, env=env, capture_output=True, timeout=60)

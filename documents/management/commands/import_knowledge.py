@@ -7,6 +7,9 @@
 
 每个 domain 的版本号与内容摘要记在数据库里：都没变就跳过；变了就逐条同步（没变的条目不做任何工作），
 并删除文件里已不存在的条目。``--dry-run`` 只打印会发生什么。
+
+输出给人看：stdout 是进度条与中文汇总，info 级的结构化日志在运行期间不输出（警告与错误写到 stderr），
+``-v 2`` 时照常输出全部日志。
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +26,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from documents.api.item_serializers import ItemEntrySerializer, item_input
 from documents.domains import DomainSyncStats, domain_sync
 from documents.items import ItemInput
+from infra.logging import command_output
 from infra.principal import SYSTEM_PRINCIPAL
 from infra.progress import graceful_stop, write_progress
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import parse_uuid
 from knowledge.services import knowledge_base_create
 
-_TOTALS = ("created", "updated", "unchanged", "removed", "failed", "chunks_embedded", "chunks_reused")
+# 合计的各项（DomainSyncStats 的字段）与汇总里的中文说法
+_TOTALS = {"created": "新建", "updated": "更新", "unchanged": "未变", "queued": "排队", "removed": "删除",
+           "failed": "失败", "chunks_embedded": "向量化分块", "chunks_reused": "复用向量的分块"}
 
 
 class DomainFileError(Exception):
@@ -40,12 +47,12 @@ def load_domain_file(path: Path) -> tuple[str, str, list[ItemInput], list[tuple[
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DomainFileError(f"{path.name}: cannot read JSON ({exc})") from exc
+        raise DomainFileError(f"{path.name}：无法读取 JSON（{exc}）") from exc
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
-        raise DomainFileError(f"{path.name}: expected an object with 'domain', 'version' and an 'items' list")
+        raise DomainFileError(f"{path.name}：应是一个含 domain、version 与 items 数组的 JSON 对象")
     domain = str(data.get("domain") or path.stem)
     if "version" not in data:
-        raise DomainFileError(f"{path.name}: 'version' is required")
+        raise DomainFileError(f"{path.name}：缺少 version")
     items: list[ItemInput] = []
     invalid: list[tuple[str, str]] = []
     for index, raw in enumerate(data["items"]):
@@ -59,7 +66,7 @@ def load_domain_file(path: Path) -> tuple[str, str, list[ItemInput], list[tuple[
         else:
             external_id = str(raw.get("external_id") or f"#{index}") if isinstance(raw, dict) else f"#{index}"
             reason = json.dumps(entry.errors, ensure_ascii=False)
-            invalid.append((external_id, f"invalid item in {path.name}: {reason}"))
+            invalid.append((external_id, f"{path.name} 里的条目不合法：{reason}"))
     return domain, str(data["version"]), items, invalid
 
 
@@ -67,15 +74,22 @@ class Command(BaseCommand):
     help = "把目录里的 JSON 知识文件（每个文件一个 domain）同步进知识库；版本与内容都没变的 domain 直接跳过。"
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("directory", help="含 *.json 知识文件的目录")
+        parser.add_argument("directory", help="你存放 *.json 知识文件的文件夹（只读这一层的 *.json）")
         parser.add_argument("--kb", required=True, metavar="NAME", help="知识库名称或 id；名称不存在时新建")
         parser.add_argument("--dry-run", action="store_true", help="只打印会发生什么，不写入")
 
     def handle(self, *args: Any, **options: Any) -> None:
         directory = Path(options["directory"])
+        if not directory.is_dir():
+            raise CommandError(f"{directory} 不是一个文件夹：请给出存放 *.json 知识文件的文件夹")
         files = sorted(directory.glob("*.json"))
         if not files:
-            raise CommandError(f"no *.json knowledge files in {directory}")
+            raise CommandError(f"{directory} 里没有 *.json 知识文件（只读这一层，不进子文件夹）")
+        # -v 2：结构化日志照常输出
+        with command_output(self.stderr) if options["verbosity"] < 2 else nullcontext():
+            self._run(files, options)
+
+    def _run(self, files: list[Path], options: dict[str, Any]) -> None:
         kb = self._knowledge_base(options["kb"], create=not options["dry_run"])
         started = time.monotonic()
         totals = dict.fromkeys(_TOTALS, 0)
@@ -96,11 +110,15 @@ class Command(BaseCommand):
                 for key in _TOTALS:
                     totals[key] += getattr(stats, key)
                 problems += stats.failed
-        self.stdout.write(
-            "合计：" + "，".join(f"{key} {value}" for key, value in totals.items())
-            + f"，耗时 {time.monotonic() - started:.2f} s" + ("（dry run，未写入）" if options["dry_run"] else ""))
+        self.stdout.write(self._totals_line(totals, time.monotonic() - started, dry_run=options["dry_run"]))
         if problems:
             sys.exit(1)
+
+    @staticmethod
+    def _totals_line(totals: dict[str, int], seconds: float, *, dry_run: bool) -> str:
+        """``合计：新建 5，更新 0，……；耗时 0.42 秒``；排队为 0 时不列出（只有大条目才会排队）。"""
+        parts = [f"{label} {totals[key]}" for key, label in _TOTALS.items() if key != "queued" or totals[key]]
+        return "合计：" + "，".join(parts) + f"；耗时 {seconds:.2f} 秒" + ("（试运行，未写入）" if dry_run else "")
 
     def _knowledge_base(self, name_or_id: str, *, create: bool) -> KnowledgeBase | None:
         parsed = parse_uuid(name_or_id)
@@ -110,7 +128,7 @@ class Command(BaseCommand):
             kb = knowledge_base_create(principal=SYSTEM_PRINCIPAL, name=name_or_id)
             self.stdout.write(f"新建知识库 {kb.name}（{kb.id}）")
         if kb is not None and not kb.is_enabled:
-            raise CommandError(f"knowledge base {kb.name!r} is {kb.status}")
+            raise CommandError(f"知识库 {kb.name} 是{kb.get_status_display()}状态，不能导入")
         return kb
 
     def _sync(self, kb: KnowledgeBase, domain: str, version: str, items: list[ItemInput], dry_run: bool,
@@ -143,9 +161,11 @@ class Command(BaseCommand):
     def _summary(stats: DomainSyncStats) -> str:
         if stats.skipped:
             return f"{stats.domain} v{stats.version}：版本与内容未变，跳过（{stats.unchanged} 条）"
-        prefix = "（dry run）" if stats.dry_run else ""
+        prefix = "（试运行）" if stats.dry_run else ""
+        queued = f"，排队 {stats.queued}" if stats.queued else ""
         line = (f"{prefix}{stats.domain} v{stats.version}：新建 {stats.created}，更新 {stats.updated}，"
-                f"未变 {stats.unchanged}，删除 {stats.removed}，失败 {stats.failed}")
+                f"未变 {stats.unchanged}{queued}，删除 {stats.removed}，失败 {stats.failed}")
         if not stats.dry_run:
-            line += f"；分块 embedding {stats.chunks_embedded}、复用 {stats.chunks_reused}；{stats.seconds:.2f} s"
+            line += (f"；向量化分块 {stats.chunks_embedded}、复用向量的分块 {stats.chunks_reused}；"
+                     f"{stats.seconds:.2f} 秒")
         return line

@@ -6,12 +6,17 @@
 每个子进程是一个独立的进程组（gunicorn 的 worker、django-q2 的哨兵/worker/快队列集群都在组里）：
 停止时向整个组发 SIGTERM，限时（STOP_SECONDS）等组里所有进程退出，仍在的一律 SIGKILL——
 不会留下继续处理文档的孤儿 worker。
+
+启动期间每半秒问一次自己的 /ready，就绪后打印一行。这些请求带本次启动随机生成的 X-Request-ID，web 子进程
+从环境变量 ``infra.logging.SELF_PROBE_ENV`` 得知这个值，不为它们写访问日志（否则启动终端里是二十几行 503）；
+别人发来的 /ready 照常记录。
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -27,6 +32,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from infra.embedded_db import ensure_embedded_database
+from infra.logging import SELF_PROBE_ENV
 from ops.models import ApiKey
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -36,6 +42,8 @@ STOP_SECONDS = 30
 
 class Command(BaseCommand):
     help = "迁移数据库后启动 web 服务（gunicorn）与后台 worker（django-q2），直到收到停止信号。"
+    # 本次启动轮询自己 /ready 用的 X-Request-ID（handle 里生成）
+    probe_id = ""
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=settings.SERVE_HOST, help="监听地址（默认 RAG_HOST）")
@@ -47,7 +55,10 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
 
+        # 自己轮询 /ready 用的请求 ID：每次启动随机生成，别人碰不上，也就不会因此少记他们的访问日志
+        self.probe_id = f"serve-ready-{secrets.token_hex(8)}"
         env = self._child_env()
+        env[SELF_PROBE_ENV] = self.probe_id
         children = {"web": self._start_web(env, options["host"], options["port"])}
         if not options["no_worker"]:
             children["worker"] = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
@@ -112,7 +123,7 @@ class Command(BaseCommand):
                 self.stderr.write(f"子进程意外退出：{dead}，停止服务")
                 exit_code = 1
                 break
-            if not announced and _is_ready(ready_url):
+            if not announced and _is_ready(ready_url, probe_id=self.probe_id):
                 announced = True
                 self.stdout.write(f"ragservice 已就绪（启动后 {time.monotonic() - started:.0f} 秒）："
                                   "模型已加载，可以上传文档与检索。")
@@ -186,10 +197,15 @@ def stop_groups(procs: list[subprocess.Popen[bytes]], *, timeout: float) -> None
             time.sleep(0.05)
 
 
-def _is_ready(url: str) -> bool:
-    """向自己的 /ready 问一次；连不上（web 还在启动）或 503 都算未就绪。"""
+def _is_ready(url: str, *, probe_id: str = "") -> bool:
+    """向自己的 /ready 问一次；连不上（web 还在启动）或 503 都算未就绪。
+
+    ``probe_id`` 作为 X-Request-ID 发出：web 子进程认得它，不把这次轮询写进访问日志（见 infra.logging）。
+    """
+    headers = {"X-Request-ID": probe_id} if probe_id else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - 本机地址，由本程序构造
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - 本机地址，由本程序构造
+        with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - 同上
             return bool(response.status == 200)
     except (OSError, ValueError):
         return False

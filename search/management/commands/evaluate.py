@@ -1,11 +1,20 @@
-"""``manage.py evaluate DATASET_DIR``：经真实摄取与检索路径评测 BEIR 格式数据集的检索质量。"""
+"""``manage.py evaluate DATASET_DIR``：经真实摄取与检索路径评测 BEIR 格式数据集的检索质量。
+
+``manage.py evaluate --sample`` 不需要任何数据：在临时目录里生成一个十几段的中文示例数据集
+（:mod:`search.evaluation.sample`），照常评测，用完删除。
+
+运行期间 info 级的结构化日志不输出（摄取每个文档都有好几行，会冲掉进度与报告），警告与错误写到 stderr；
+``-v 2`` 时照常输出。
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,18 +22,25 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from infra.embedders import cached_hub_config
+from infra.logging import command_output
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_by_name_or_id
 from raglib.chunking import STRATEGY_DEFAULTS
 from raglib.evaluation.calibration import suggest
 from raglib.evaluation.dataset import DatasetError, Query, load_dataset, read_queries
 from search.evaluation.runner import MODES, REFERENCE_MODE, EvaluationConfig, compare_reports, run_evaluation
+from search.evaluation.sample import write_sample_dataset
+from search.rerankers import configured_reranker
 
 ALL_MODES = (*MODES, REFERENCE_MODE)
 
 
 # 无关问题集每个最多取这么多条：看分数的分布，几百条足够
 UNRELATED_LIMIT = 300
+# --sample 生成的数据集目录名（也是报告与临时知识库名里的数据集名）
+SAMPLE_NAME = "sample"
+
 
 def _stage_lines(stream: Any) -> Any:
     """``--no-progress``：不画进度条（日志文件里不好看），但每个阶段开始、结束各打一行，长评测不会一小时没有输出。"""
@@ -50,7 +66,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("dataset", type=Path, help="BEIR 格式数据集目录")
+        parser.add_argument("dataset", type=Path, nargs="?", help="BEIR 格式数据集目录（用 --sample 时不给）")
+        parser.add_argument("--sample", action="store_true",
+                            help="不用自己的数据：在临时目录里生成一个十几段的中文示例数据集并评测，看看报告长什么样")
         parser.add_argument("--level", choices=("passage", "document"), default="passage",
                             help="passage：每个段落一份文档；document：整篇文档由服务分块（默认 passage）")
         parser.add_argument("--documents", type=Path, help="覆盖被摄取的文件（默认 corpus.jsonl / documents.jsonl）")
@@ -59,9 +77,10 @@ class Command(BaseCommand):
         parser.add_argument("--chunking", choices=sorted(STRATEGY_DEFAULTS), default="token", help="分块策略")
         parser.add_argument("--embedding-provider", help="embedding 提供方（默认 RAG_EMBEDDING_PROVIDER）")
         parser.add_argument("--embedding-model", help="embedding 模型（默认该提供方的默认模型）")
-        parser.add_argument("--modes", default=",".join(ALL_MODES),
+        parser.add_argument("--modes",
                             help=f"逗号分隔的检索方式，可选 {', '.join(ALL_MODES)}（默认全部；{REFERENCE_MODE} 是"
-                                 "在同一批分块上用 Python 算的教科书 BM25，作对照）")
+                                 "在同一批分块上用 Python 算的教科书 BM25，作对照；--sample 时重排序模型不在本机则"
+                                 "默认不跑 hybrid+rerank）")
         parser.add_argument("--unrelated", action="append", default=[], metavar="NAME=QUERIES.jsonl",
                             help="无关问题集（可重复）：另一个话题或另一种语言的问题，库里没有答案；报告各方式第一名的分数"
                                  f"（取按 id 排序的前 {UNRELATED_LIMIT} 条）")
@@ -83,14 +102,42 @@ class Command(BaseCommand):
         parser.add_argument("--no-progress", action="store_true", help="不显示进度条")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        modes = tuple(m.strip() for m in options["modes"].split(",") if m.strip())
+        if options["sample"] == (options["dataset"] is not None):
+            raise CommandError("给出数据集目录，或者用 --sample 评测内置的示例数据集（二者只能选一个）")
+        # -v 2：结构化日志照常输出
+        with command_output(self.stderr) if options["verbosity"] < 2 else nullcontext():
+            if not options["sample"]:
+                self._evaluate(options["dataset"], options)
+                return
+            if options["modes"] is None:
+                options = {**options, "modes": ",".join(self._sample_modes())}
+            with tempfile.TemporaryDirectory(prefix="ragservice-eval-") as directory:
+                dataset = write_sample_dataset(Path(directory) / SAMPLE_NAME)
+                self.stderr.write(f"示例数据集（临时生成于 {dataset}，评测完删除）")
+                self._evaluate(dataset, options)
+                self.stdout.write("\n这是内置的示例数据集，数字不代表你的数据上的效果。用自己的数据："
+                                  "manage.py evaluate 数据集目录（BEIR 格式，见 README 的“检索质量评测”）")
+
+    def _sample_modes(self) -> tuple[str, ...]:
+        """示例评测的默认方式：配置的重排序模型（默认 bge-reranker-v2-m3）既不是本地目录也不在 Hugging Face
+        缓存里时不跑 hybrid+rerank——离线时每次加载都要等 hub 的重试，一个十题的示例要多等两分多钟。"""
+        reranker = configured_reranker()
+        if reranker is None or reranker.provider != "flag":
+            return ALL_MODES  # 不重排（该方式秒出“跳过”）或远程服务（受它自己的超时约束）
+        if Path(reranker.model).is_dir() or cached_hub_config(reranker.model):
+            return ALL_MODES
+        self.stderr.write(f"重排序模型 {reranker.model} 不在本机，示例评测不跑 hybrid+rerank（要跑就用 --modes 指定）")
+        return tuple(mode for mode in ALL_MODES if mode == REFERENCE_MODE or not MODES[mode][1])
+
+    def _evaluate(self, directory: Path, options: dict[str, Any]) -> None:
+        modes = tuple(m.strip() for m in (options["modes"] or ",".join(ALL_MODES)).split(",") if m.strip())
         unknown = [m for m in modes if m not in ALL_MODES]
         if unknown or not modes:
             raise CommandError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(ALL_MODES)}")
         if options["limit"] is not None and options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
         try:
-            dataset = load_dataset(options["dataset"], options["level"], documents=options["documents"],
+            dataset = load_dataset(directory, options["level"], documents=options["documents"],
                                    queries=options["queries"], qrels=options["qrels"], limit=options["limit"])
         except DatasetError as exc:
             raise CommandError(str(exc)) from exc
