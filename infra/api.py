@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from django.conf import settings
+from django.http import QueryDict
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail as DrfErrorDetail
 from rest_framework.parsers import JSONParser
 
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail
+
+# multipart 的边界与文件以外的表单字段所占的余量：上传请求体的上限是 RAG_MAX_DOCUMENT_SIZE 加上它
+MULTIPART_SLACK = 1 << 20
 
 # JSON 嵌套层数上限：真实请求（过滤条件、元数据、分块参数）不超过三四层；不设上限时
 # 十万个 "[" 会在解析或之后任何递归处理里触发 RecursionError
@@ -97,15 +102,122 @@ class BoundedJSONParser(JSONParser):
         return value
 
 
+def _json_type_name(value: Any) -> str:
+    """值在 JSON 里的类型名（错误信息用）。"""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, Mapping) else type(value).__name__
+
+
+class OneOrManyField(serializers.ListField):
+    """接受单个值或数组，单个值当作只有一项的数组；schema 里写成 ``anyOf: [单个值, 数组]``（见 infra.schema）。"""
+
+    def to_internal_value(self, data: Any) -> Any:
+        # 对象不包装：交给 ListField 报 not_a_list
+        return super().to_internal_value(data if isinstance(data, list | Mapping) else [data])  # type: ignore[arg-type]
+
+
+# JSON 输入里各类字段接受的值类型，按顺序匹配：BooleanField 先于 IntegerField（bool 是 int 的子类），
+# MultipleChoiceField 先于 ChoiceField（它的值是数组，None 表示交给字段自己校验）。
+# 整数不收 5.0：OpenAPI 3.0（JSON Schema draft 4）里 5.0 不是 integer
+_JSON_TYPES: tuple[tuple[tuple[type[serializers.Field], ...], tuple[type, ...] | None, str], ...] = (
+    ((serializers.MultipleChoiceField,), None, ""),
+    ((serializers.BooleanField,), (bool,), "boolean"),
+    ((serializers.IntegerField,), (int,), "integer"),
+    ((serializers.FloatField, serializers.DecimalField), (int, float), "number"),
+    ((serializers.CharField, serializers.ChoiceField, serializers.UUIDField, serializers.DateTimeField,
+      serializers.DateField, serializers.TimeField, serializers.DurationField), (str,), "string"),
+)
+
+
+def json_type_error(field: serializers.Field, value: Any) -> Any:
+    """``value``（JSON 解析的结果）的类型不是 ``field`` 要的类型时，返回 DRF 形式的错误，否则 None。
+
+    DRF 的字段会“好心”转换：CharField 收数字（123 → "123"），FloatField 收字符串（"0.5"），
+    BooleanField 收 0/1 与 "true"，UUIDField 收整数。OpenAPI schema 写的是 JSON 类型，服务端必须一样严格，
+    否则按 schema 生成的客户端与服务端对“合法请求”的理解不一致。数组与对象逐个检查元素
+    （错误按下标/键给出，与 DRF 自己的嵌套错误同形）；嵌套的序列化器（StrictSerializer）自己检查。
+    """
+    if value is None or field.read_only or isinstance(field, serializers.BaseSerializer):
+        return None  # null 由字段的 allow_null 判定
+    if isinstance(field, serializers.ListField):
+        if isinstance(field, OneOrManyField) and not isinstance(value, list):
+            return json_type_error(field.child, value)
+        if not isinstance(value, list):
+            return None  # 不是数组：字段自己报 not_a_list
+        errors = {index: error for index, item in enumerate(value)
+                  if (error := json_type_error(field.child, item)) is not None}
+        return errors or None
+    if isinstance(field, serializers.DictField):
+        if not isinstance(value, Mapping):
+            return None
+        errors = {key: error for key, item in value.items()
+                  if (error := json_type_error(field.child, item)) is not None}
+        return errors or None
+    for classes, accepted, expected in _JSON_TYPES:
+        if not isinstance(field, classes):
+            continue
+        if accepted is None or (isinstance(field, serializers.ChoiceField)
+                                and not all(isinstance(choice, str) for choice in field.choices)):
+            return None
+        if isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool)):
+            return None
+        return [DrfErrorDetail(f"Expected a JSON {expected}, got {_json_type_name(value)}.", code="invalid_type")]
+    return None
+
+
 class StrictSerializer(serializers.Serializer):
-    """拒绝未知字段：拼错的字段名应当得到 400，而不是被静默忽略。"""
+    """拒绝未知字段与类型不符的值：拼错的字段名、给字符串字段传数字、给数字字段传字符串都得到 400，
+    而不是被静默忽略或转换。"""
+
+    # 这段说明会出现在 OpenAPI 的请求体描述里，实现细节写在这里：输入来自 JSON（请求体、MCP 工具参数）时
+    # 值的 JSON 类型必须与字段一致（见 json_type_error，错误码 INVALID_TYPE）。查询参数与 multipart 表单的值
+    # 天生都是字符串：查询参数的序列化器把 json_input 设为 False，传入 QueryDict（表单）时也不检查
+    json_input: ClassVar[bool] = True
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
+        type_errors: dict[str, Any] = {}
+        if self.json_input and isinstance(data, Mapping) and not isinstance(data, QueryDict):
+            type_errors = {name: error for name, field in self.fields.items()
+                           if name in data and (error := json_type_error(field, data[name])) is not None}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            # 其余字段的错误照常报出；类型错的字段以类型错误为准（DRF 的转换可能恰好成功，也可能报别的）
+            if type_errors and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **type_errors}) from exc
+            raise
+        if type_errors:
+            raise serializers.ValidationError(type_errors)
+        return value
+
+
+class VerbatimTextField(serializers.CharField):
+    """原样保存的正文（不去掉首尾空白，缩进与空行都有意义），但不能全是空白：那样没有任何可索引的文本。
+    schema 里与其他不许为空白的字段用同一个 pattern（见 infra.schema）。"""
+
+    rejects_blank_text = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if not value.strip():
+            self.fail("blank")
+        return value
 
 
 class SettingBoundedIntegerField(serializers.IntegerField):
@@ -119,15 +231,32 @@ class SettingBoundedIntegerField(serializers.IntegerField):
         super().__init__(max_value=getattr(settings, setting), **kwargs)
 
 
+class SettingBoundedListField(serializers.ListField):
+    """最多项数取自某个 settings 项的数组字段（如 RAG_ITEM_BULK_MAX），schema 里是 ``maxItems``；读取时机同上。"""
+
+    def __init__(self, *, setting: str, **kwargs: Any) -> None:
+        super().__init__(max_length=getattr(settings, setting), **kwargs)
+
+
 # page 的上限：OFFSET = (page-1)*page_size 必须远小于 bigint，且没有人真的翻到第一百万页
 MAX_PAGE = 1_000_000
 
 
 class PageQuerySerializer(StrictSerializer):
-    """page 从 1 开始，上限 MAX_PAGE；page_size 上限由 RAG_MAX_PAGE_SIZE 决定。"""
+    """page 从 1 开始，上限 MAX_PAGE；page_size 上限由 RAG_MAX_PAGE_SIZE 决定。
+
+    列表接口的查询参数（值都是字符串，"2" 就是 2），子类也一样。
+    """
+
+    json_input = False
 
     page = serializers.IntegerField(min_value=1, max_value=MAX_PAGE, default=1)
     page_size = SettingBoundedIntegerField(setting="MAX_PAGE_SIZE", min_value=1, default=20)
+
+
+# str.isspace() 的全部字符（Python re 的 \s、str.strip() 用的就是这一组），写成显式的字符类：不同正则引擎的
+# \s 并不一样（ECMA 含 \ufeff，Rust 不含 \x1c-\x1f），schema 里的 pattern 必须在哪里都表示同一组字符
+WHITESPACE_CLASS = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 
 
 class StatusListField(serializers.CharField):
@@ -143,7 +272,8 @@ class StatusListField(serializers.CharField):
     @property
     def pattern(self) -> str:
         one = "(?:" + "|".join(re.escape(value) for value in self.allowed) + ")"
-        return rf"^\s*{one}\s*(?:,\s*{one}\s*)*$"
+        space = f"[{WHITESPACE_CLASS}]*"
+        return rf"^{space}{one}{space}(?:,{space}{one}{space})*$"
 
     def to_internal_value(self, data: Any) -> list[str]:  # type: ignore[override]
         value = super().to_internal_value(data)

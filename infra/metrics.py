@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+import structlog
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -20,6 +21,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.registry import REGISTRY, Collector
+
+from infra.errors import is_database_unavailable
+
+logger = structlog.get_logger("infra.metrics")
 
 # 覆盖 10ms 到 10s（见 docs/INVARIANTS.md 的 METRIC-NAMES）
 HTTP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -83,8 +88,33 @@ def render_latest(*collectors: Collector) -> tuple[bytes, str]:
         # 单进程模式：把进程内默认注册表整体纳入
         registry.register(_DefaultRegistryProxy())
     for collector in collectors:
-        registry.register(collector)
+        registry.register(_DatabaseTolerantCollector(collector))
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _DatabaseTolerantCollector(Collector):
+    """抓取时查库的 collector：数据库不可达时只缺它这几个指标，其余照常输出。
+
+    数据库停机恰恰是最需要进程指标（请求数、错误率、耗时）的时候；整个 /metrics 跟着 503 会让 Prometheus
+    连“服务在报 503”都看不到。缺的 gauge 由 Prometheus 的 absent() 发现，原因进日志。
+    """
+
+    def __init__(self, inner: Collector) -> None:
+        self.inner = inner
+
+    def collect(self) -> Iterable:  # type: ignore[type-arg]
+        try:
+            # 先全部取出：生成器在 generate_latest 里迭代到一半才抛，就来不及跳过了
+            return list(self.inner.collect())
+        except Exception as exc:
+            if not is_database_unavailable(exc):
+                raise
+            logger.warning("metrics_collector_skipped", collector=type(self.inner).__name__,
+                           reason="database_unavailable")
+            return []
+
+    def describe(self) -> Iterable:  # type: ignore[type-arg]
+        return []
 
 
 class _DefaultRegistryProxy(Collector):

@@ -8,7 +8,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from ops.admin_login import ThrottledAdminAuthenticationForm
 from ops.models import ApiKey
+
+# 登录失败次数过多时拒绝登录（ops.admin_login）；/admin/login/ 由 ops.admin_login.admin_login 接管，回 429
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 
 @admin.register(ApiKey)

@@ -1,9 +1,10 @@
-"""按 API key 限流（令牌桶），以及按客户端 IP 限制认证失败次数。
+"""按 API key 限流（令牌桶），按客户端 IP 限制认证失败次数，以及管理后台登录的失败次数（见 ops.admin_login）。
 
 桶的状态默认放在 PostgreSQL（``ops_rate_limit_buckets``，每个请求一条 UPSERT：按流逝时间补充、
 扣一个令牌、记下是否放行，全部在一条语句里完成，多个 web 进程并发也不会超发）；设置了
 ``RAG_REDIS_URL`` 时改用 Redis（一段 Lua 脚本，同样原子）。两者的语义相同：容量 burst，
 每秒补充 rate 个，放行扣 1，拒绝不扣，并给出下一个令牌到来的秒数作为 Retry-After。
+``cost`` 为负数时是还回令牌（总是放行，至多补到 burst），如登录成功后清空失败计数。
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def _decision(allowed: bool, tokens: float, rate: float) -> Decision:
 
 
 class BucketStore(Protocol):
-    """令牌桶的存储：一次调用补充并尝试扣一个令牌，必须原子。"""
+    """令牌桶的存储：一次调用补充并尝试扣 ``cost`` 个令牌（默认 1；负数即还回），必须原子。"""
 
-    def take(self, key: str, *, rate: float, burst: int) -> Decision: ...
+    def take(self, key: str, *, rate: float, burst: int, cost: int = 1) -> Decision: ...
 
 
 class PostgresBucketStore:
@@ -48,12 +49,13 @@ class PostgresBucketStore:
     （如测试）每次都拿到事务开始的时间、桶永远不补充。
     """
 
+    # cost = 1 时与“够一个就扣一个”相同；cost <= 0 时条件恒真，LEAST 把还回的令牌封顶在 burst
     sql = """
 INSERT INTO ops_rate_limit_buckets AS b (key, tokens, allowed, updated_at)
-VALUES (%(key)s, %(burst)s - 1, true, clock_timestamp())
+VALUES (%(key)s, LEAST(%(burst)s, %(burst)s - %(cost)s), true, clock_timestamp())
 ON CONFLICT (key) DO UPDATE SET
-    tokens = CASE WHEN {refill} >= 1 THEN {refill} - 1 ELSE {refill} END,
-    allowed = {refill} >= 1,
+    tokens = CASE WHEN {refill} >= %(cost)s THEN LEAST(%(burst)s::float8, {refill} - %(cost)s) ELSE {refill} END,
+    allowed = {refill} >= LEAST(%(cost)s, 1),
     updated_at = EXCLUDED.updated_at
 RETURNING b.tokens, b.allowed
 """.format(refill="LEAST(%(burst)s::float8, b.tokens + %(rate)s::float8 * "
@@ -67,9 +69,9 @@ RETURNING b.tokens, b.allowed
     def __init__(self) -> None:
         self._takes = itertools.count(1)
 
-    def take(self, key: str, *, rate: float, burst: int) -> Decision:
+    def take(self, key: str, *, rate: float, burst: int, cost: int = 1) -> Decision:
         with connection.cursor() as cursor:
-            cursor.execute(self.sql, {"key": key, "rate": rate, "burst": burst})
+            cursor.execute(self.sql, {"key": key, "rate": rate, "burst": burst, "cost": cost})
             tokens, allowed = cursor.fetchone()
             if next(self._takes) % self.prune_every == 0:
                 cursor.execute("DELETE FROM ops_rate_limit_buckets WHERE updated_at < clock_timestamp() - %s::interval",
@@ -77,10 +79,11 @@ RETURNING b.tokens, b.allowed
         return _decision(bool(allowed), float(tokens), rate)
 
 
-# KEYS[1] 桶；ARGV: rate, burst。用 Redis 服务器的时钟，多个 web 进程之间没有时钟偏差
+# KEYS[1] 桶；ARGV: rate, burst, cost。用 Redis 服务器的时钟，多个 web 进程之间没有时钟偏差
 _REDIS_SCRIPT = """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
@@ -88,8 +91,8 @@ local tokens = tonumber(state[1]) or burst
 local ts = tonumber(state[2]) or now
 tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
 local allowed = 0
-if tokens >= 1 then
-  tokens = tokens - 1
+if tokens >= cost then
+  tokens = math.min(burst, tokens - cost)
   allowed = 1
 end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
@@ -109,8 +112,8 @@ class RedisBucketStore:
         self._client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._script = self._client.register_script(_REDIS_SCRIPT)
 
-    def take(self, key: str, *, rate: float, burst: int) -> Decision:
-        allowed, tokens = self._script(keys=[self.prefix + key], args=[rate, burst])
+    def take(self, key: str, *, rate: float, burst: int, cost: int = 1) -> Decision:
+        allowed, tokens = self._script(keys=[self.prefix + key], args=[rate, burst, cost])
         return _decision(bool(int(allowed)), float(tokens), rate)
 
 
@@ -132,6 +135,11 @@ def bucket_store() -> BucketStore:
 def take_token(key: str, *, rate: float, burst: int) -> Decision:
     """从名为 ``key`` 的桶取一个令牌。"""
     return bucket_store().take(key, rate=rate, burst=burst)
+
+
+def refill_bucket(key: str, *, rate: float, burst: int) -> None:
+    """把名为 ``key`` 的桶补满（如登录成功后清空失败计数）。"""
+    bucket_store().take(key, rate=rate, burst=burst, cost=-burst)
 
 
 def retry_after_seconds(decision: Decision) -> int:

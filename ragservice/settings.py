@@ -254,6 +254,12 @@ RATE_LIMIT_AUTH_FAILURE_RATE = env_float("RAG_RATE_LIMIT_AUTH_FAILURE_RATE", 0.2
                                          "每个客户端 IP 每秒补充的认证失败次数", minimum=0.001)
 RATE_LIMIT_AUTH_FAILURE_BURST = env_int("RAG_RATE_LIMIT_AUTH_FAILURE_BURST", 20,
                                         "每个客户端 IP 连续认证失败多少次后回 429", minimum=1)
+# 管理后台登录的防暴力破解（ops.admin_login）：按（用户名，客户端 IP）计失败次数，与上面的限流共用令牌桶
+ADMIN_LOGIN_MAX_FAILURES = env_int(
+    "RAG_ADMIN_LOGIN_MAX_FAILURES", 5, "管理后台登录：同一用户名、同一客户端 IP 在 RAG_ADMIN_LOGIN_WINDOW 秒内"
+    "最多失败几次，之后的尝试（密码正确也一样）被拒绝（429），直到窗口过去；登录成功清零", minimum=1, maximum=1000)
+ADMIN_LOGIN_WINDOW = env_int("RAG_ADMIN_LOGIN_WINDOW", 900, "管理后台登录失败计数的窗口（秒）",
+                             minimum=1, maximum=86400)
 # 限流令牌桶与 django-q2 任务队列共用同一个 Redis（infra.config 里唯一一处解析与校验）
 REDIS_URL = env_redis_url()
 

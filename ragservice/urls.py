@@ -6,6 +6,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents.http import McpView
+from ops.admin_login import admin_login
 from ops.views import HealthView, MetricsView, ReadyView
 from search.playground import playground
 
@@ -20,6 +21,8 @@ urlpatterns = [
     path("metrics", MetricsView.as_view(), name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # 先于 admin.site.urls：同一个登录页，失败次数过多时回 429（ops.admin_login）
+    path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("playground/", playground, name="search-playground"),
     path("mcp", McpView.as_view(), name="mcp"),

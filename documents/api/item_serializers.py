@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.conf import settings
 from rest_framework import serializers
 
 from documents.filters import SearchFilters
 from documents.items import ITEM_FIELDS, ItemInput, ItemResult
 from documents.models import Document
-from infra.api import PageQuerySerializer, StrictSerializer
+from infra.api import PageQuerySerializer, SettingBoundedListField, StrictSerializer, VerbatimTextField
 from infra.errors import error_body
 
 _RESERVED = {*ITEM_FIELDS, "external_id"}
@@ -20,7 +19,7 @@ _RESERVED = {*ITEM_FIELDS, "external_id"}
 class ItemWriteSerializer(StrictSerializer):
     """PUT 的请求体；external_id 在路径里。"""
 
-    content = serializers.CharField(trim_whitespace=False, max_length=1_000_000, help_text="正文（Markdown 或纯文本）")
+    content = VerbatimTextField(max_length=1_000_000, help_text="正文（Markdown 或纯文本），不能全是空白")
     title = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
     domain = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
     category = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
@@ -99,13 +98,10 @@ def write_result_payload(result: ItemResult) -> dict[str, Any]:
 
 
 class ItemBulkSerializer(StrictSerializer):
-    items = serializers.ListField(child=serializers.DictField(), allow_empty=False,
-                                  help_text="条目数组，每个同 PUT 的请求体外加 external_id；上限 RAG_ITEM_BULK_MAX")
-
-    def validate_items(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if len(value) > settings.ITEM_BULK_MAX:
-            raise serializers.ValidationError(f"At most {settings.ITEM_BULK_MAX} items per request.")
-        return value
+    # 每个条目在视图里逐条校验（结果逐条给出），这里只要求是对象；至少一条、至多 RAG_ITEM_BULK_MAX 条
+    items = SettingBoundedListField(setting="ITEM_BULK_MAX", child=serializers.DictField(), allow_empty=False,
+                                    help_text="条目数组，每个同 PUT 的请求体外加 external_id；至少 1 条，"
+                                              "上限 RAG_ITEM_BULK_MAX")
 
 
 class ItemBulkResultSerializer(serializers.Serializer):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiRequest, extend_schema
 from rest_framework import status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -12,17 +12,15 @@ from rest_framework.views import APIView
 
 from documents import selectors, services
 from documents.api.serializers import (
+    JSON_FORM_ENCODING,
     DocumentAcceptedSerializer,
     DocumentListQuerySerializer,
     DocumentSerializer,
     DocumentUploadSerializer,
 )
 from documents.uploads import payload_too_large
-from infra.api import error_responses, page_response
+from infra.api import MULTIPART_SLACK, error_responses, page_response
 from infra.principal import request_principal
-
-# multipart 的边界与其他表单字段所占的余量：Content-Length 超过 上限+余量 的请求不读请求体直接拒绝
-_MULTIPART_SLACK = 1 << 20
 
 
 class KnowledgeBaseDocumentsView(APIView):
@@ -30,14 +28,15 @@ class KnowledgeBaseDocumentsView(APIView):
 
     @extend_schema(
         tags=["documents"], operation_id="upload_document", summary="上传文档（异步摄取）",
-        request={"multipart/form-data": DocumentUploadSerializer},
+        request={"multipart/form-data": OpenApiRequest(
+            DocumentUploadSerializer, encoding={"metadata": JSON_FORM_ENCODING, "chunking": JSON_FORM_ENCODING})},
         responses={202: DocumentAcceptedSerializer, **error_responses(403, 404, 413, 415)},
     )
     def post(self, request: Request, kb_id: str) -> Response:
         # 先校验知识库（存在 → 可用 → 权限），再读请求体
         kb = services.writable_knowledge_base(principal=request_principal(request), kb_id=kb_id)
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        if declared > settings.MAX_DOCUMENT_SIZE + _MULTIPART_SLACK:
+        if declared > settings.MAX_DOCUMENT_SIZE + MULTIPART_SLACK:
             raise payload_too_large(settings.MAX_DOCUMENT_SIZE)
         body = DocumentUploadSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -7,18 +7,15 @@ from typing import Any
 from rest_framework import serializers
 
 from documents.filters import SearchFilters
-from infra.api import SettingBoundedIntegerField, StrictSerializer
+from infra.api import OneOrManyField, SettingBoundedIntegerField, StrictSerializer
 from search.services import MODES, SearchRequest
 
 
-class StringOrListField(serializers.ListField):
+class StringOrListField(OneOrManyField):
     """接受单个字符串或字符串数组（多个值之间是“任一”）。"""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(child=serializers.CharField(max_length=256), max_length=100, **kwargs)
-
-    def to_internal_value(self, data: Any) -> Any:
-        return super().to_internal_value([data] if isinstance(data, str) else data)
 
 
 class SearchFiltersSerializer(StrictSerializer):

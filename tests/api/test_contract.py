@@ -174,3 +174,137 @@ def test_nul_inside_nested_metadata_keys_is_a_400_not_a_500(client_rw, kb_factor
     upload = client_rw.post(f"/knowledge_bases/{kb.id}/documents",
                             {"file": io.BytesIO(b"text"), "metadata": json.dumps({"a": {"b\u0000": "c"}})})
     assert upload.status_code == 400, upload.content
+
+
+# ---------------------------------------------------------------- 值的 JSON 类型与 schema 一致（issue 23）
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/knowledge_bases", {"name": 123}, "name"),
+    ("/knowledge_bases", {"name": "n", "description": 0}, "description"),
+    ("/knowledge_bases", {"name": "n", "chunking": {"chunk_size": "512"}}, "chunking.chunk_size"),
+    ("/knowledge_bases", {"name": "n", "chunking": {"chunk_size": 512.0}}, "chunking.chunk_size"),
+    ("/knowledge_bases", {"name": "n", "chunking": {"chunk_size": True}}, "chunking.chunk_size"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": 42}, "query"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "min_score": "0.5"}, "min_score"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "top_k": "5"}, "top_k"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "rerank": 1}, "rerank"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "rerank": "true"}, "rerank"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "filters": {"domain": 7}}, "filters.domain"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "filters": {"tags_any": ["a", 1]}}, "filters.tags_any.1"),
+    ("/search", {"knowledge_base_id": "{kb}", "query": "q", "filters": {"document_ids": [1]}},
+     "filters.document_ids.0"),
+    ("/knowledge_bases/{kb}/items/a", {"content": "c", "tags": [0]}, "tags.0"),
+    ("/knowledge_bases/{kb}/domains/d/sync", {"version": 3, "items": []}, "version"),
+    ("/knowledge_bases/{kb}/domains/d/sync", {"version": "3", "items": [], "dry_run": 0}, "dry_run"),
+    ("/knowledge_bases/{kb}/domains/d/sync", {"version": "3", "items": [{"external_id": 1, "content": "c"}]},
+     "items.0.external_id"),
+])
+def test_wrong_json_types_are_rejected_not_coerced(client_rw, kb_factory, fake_embedder, path, body, field):
+    """DRF 的字段会把数字转成字符串、把 "0.5" 转成数、把 0/1/"true" 转成布尔；schema 写的是 JSON 类型，
+    服务端一样严格。"""
+    kb = kb_factory()
+    raw = json.dumps(body).replace("{kb}", str(kb.id))
+    method = client_rw.put if "/items/" in path else client_rw.post
+    error = assert_error(method(path.replace("{kb}", str(kb.id)), raw, content_type="application/json"), 400,
+                         "VALIDATION_ERROR")
+    assert {"field": field, "code": "INVALID_TYPE"} in [{k: d[k] for k in ("field", "code")} for d in error["details"]]
+
+
+def test_type_errors_come_with_the_other_field_errors(client_rw):
+    error = assert_error(client_rw.post("/knowledge_bases", {"name": 5, "vector_compression": "zip"},
+                                        format="json"), 400, "VALIDATION_ERROR")
+    details = {d["field"]: (d["code"], d["message"]) for d in error["details"]}
+    assert details["name"] == ("INVALID_TYPE", "Expected a JSON string, got number.")
+    assert details["vector_compression"][0] == "INVALID_CHOICE" and len(details) == 2
+
+
+def test_right_json_types_and_query_strings_still_work(client_rw, kb_factory, fake_embedder):
+    kb = kb_factory()
+    search = {"knowledge_base_id": str(kb.id), "query": "q", "top_k": 3, "min_score": 0, "rerank": False,
+              "filters": {"domain": "d", "tags_any": ["a"]}}
+    assert client_rw.post("/search", search, format="json").status_code == 200
+    # min_score 是 number：整数也是合法的 JSON number
+    assert client_rw.post("/search", {**search, "min_score": 1}, format="json").status_code == 200
+    # 查询参数的值本来就是字符串
+    assert client_rw.get("/knowledge_bases", {"page": "1", "page_size": "5", "name_contains": ""}).status_code == 200
+
+
+@pytest.mark.parametrize(("field", "value"), [("metadata", '{"tags": null}'), ("chunking", '{"chunk_size": "5"}'),
+                                              ("chunking", '{"strategy": 1}')])
+def test_upload_json_fields_are_as_strict_as_their_schema(client_rw, kb_factory, field, value):
+    kb = kb_factory()
+    response = client_rw.post(f"/knowledge_bases/{kb.id}/documents", {"file": _file(), field: value},
+                              format="multipart")
+    error = assert_error(response, 400, "VALIDATION_ERROR")
+    assert error["details"][0]["field"].startswith(field)
+
+
+def test_bulk_upsert_needs_at_least_one_item(client_rw, kb_factory, settings):
+    kb = kb_factory()
+    error = assert_error(client_rw.post(f"/knowledge_bases/{kb.id}/items/bulk", {"items": []}, format="json"), 400,
+                         "VALIDATION_ERROR")
+    assert error["details"][0]["field"] == "items"
+    settings.ITEM_BULK_MAX = 2
+    items = [{"external_id": str(i), "content": "c"} for i in range(3)]
+    error = assert_error(client_rw.post(f"/knowledge_bases/{kb.id}/items/bulk", {"items": items}, format="json"), 400,
+                         "VALIDATION_ERROR")
+    assert error["details"][0]["field"] == "items"
+
+
+# ---------------------------------------------------------------- 分块传输的请求体（issue 23）
+
+
+def _chunked(client, path: str, body: bytes, content_type: str):
+    """像 gunicorn 那样把请求交给应用：分块编码已解开，``wsgi.input`` 读到末尾即 EOF（wsgi.input_terminated），
+    没有 CONTENT_LENGTH。真实 gunicorn 的同一场景见 tests/ops/test_serve.py。"""
+    stream = io.BytesIO(body)
+    response = client.generic("POST", path, content_type=content_type, HTTP_TRANSFER_ENCODING="chunked",
+                              **{"wsgi.input": stream, "wsgi.input_terminated": True})
+    response.bytes_read = stream.tell()
+    return response
+
+
+def _multipart(fields: dict) -> tuple[bytes, str]:
+    from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
+
+    return encode_multipart(BOUNDARY, fields), MULTIPART_CONTENT
+
+
+def test_chunked_json_body_is_read(client_rw):
+    response = _chunked(client_rw, "/knowledge_bases", json.dumps({"name": "分块"}).encode(), "application/json")
+    assert response.status_code == 201, response.content
+    assert response.json()["name"] == "分块"
+
+
+def test_chunked_upload_is_read(client_rw, kb_factory):
+    kb = kb_factory()
+    body, content_type = _multipart({"file": _file(), "metadata": json.dumps({"title": "分块上传"})})
+    response = _chunked(client_rw, f"/knowledge_bases/{kb.id}/documents", body, content_type)
+    assert response.status_code == 202, response.content
+    from documents.models import Document
+
+    assert Document.objects.get(pk=response.json()["document_id"]).metadata["title"] == "分块上传"
+
+
+def test_oversize_chunked_bodies_are_413_after_bounded_reading(client_rw, kb_factory, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = _chunked(client_rw, "/knowledge_bases", b'{"name": "' + b"x" * 10_000_000 + b'"}', "application/json")
+    error = assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+    assert error["details"][0]["message"] == "Maximum size is 1000 bytes (RAG_MAX_REQUEST_BODY)"
+    assert response.bytes_read <= 1001  # 超限即停，不读完 10 MB
+
+    settings.MAX_DOCUMENT_SIZE = 1000
+    kb = kb_factory()
+    body, content_type = _multipart({"file": SimpleUploadedFile("big.txt", b"x" * (3 << 20))})
+    response = _chunked(client_rw, f"/knowledge_bases/{kb.id}/documents", body, content_type)
+    error = assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+    assert error["details"][0]["field"] == "file" and "RAG_MAX_DOCUMENT_SIZE" in error["details"][0]["message"]
+    assert response.bytes_read < 2 << 20
+
+
+def test_chunked_body_within_the_limit_still_meets_the_json_limit(client_rw, settings):
+    """读进来之后补上的 Content-Length 让 Django 原有的检查照常生效（这里是刚好在上限上的请求体）。"""
+    body = json.dumps({"name": "n"}).encode()
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = len(body)
+    assert _chunked(client_rw, "/knowledge_bases", body, "application/json").status_code == 201

@@ -77,3 +77,20 @@ def test_ready_names_the_failed_check_in_plain_words(db, tmp_path):
     error = _assert_database_unavailable(response, tmp_path)
     details = {d["field"]: d["message"] for d in error["details"]}
     assert details["database"] == "The database cannot be reached"
+
+
+def test_metrics_are_scraped_while_the_database_is_away(db, tmp_path, settings):
+    """issue 23：/metrics 曾因抓取时查库的库存 gauge（knowledge_bases_active、chunks_total）整体 503——
+    数据库不在时恰恰最需要进程指标。现在只缺那两个 gauge，其余照常，恢复后自动回来。"""
+    settings.METRICS_ENABLED = True
+    client = Client()
+    client.get("/health")  # 至少有一条 HTTP 指标
+    with unreachable_database(tmp_path):
+        response = client.get("/metrics")
+    assert response.status_code == 200, response.content
+    body = response.content.decode()
+    assert "http_requests_total{" in body and "http_request_duration_seconds_bucket{" in body
+    assert "\nknowledge_bases_active " not in body and "\nchunks_total " not in body
+    assert str(tmp_path) not in body
+    recovered = client.get("/metrics").content.decode()
+    assert "\nknowledge_bases_active " in recovered and "\nchunks_total " in recovered

@@ -56,6 +56,70 @@ def test_api_key_does_not_grant_admin_access(client_rw):
     assert response.status_code == 302
 
 
+# ---------------------------------------------------------------- 登录的防暴力破解（issue 23）
+
+LOGIN = reverse("admin:login")
+
+
+@pytest.fixture
+def login_limits(settings, django_user_model):
+    settings.ADMIN_LOGIN_MAX_FAILURES = 3
+    settings.ADMIN_LOGIN_WINDOW = 900
+    django_user_model.objects.create_superuser("ops", "ops@example.com", "right-password")
+    return settings
+
+
+def _login(client, password: str, username: str = "ops", ip: str = "10.0.0.1"):
+    return client.post(LOGIN, {"username": username, "password": password, "next": "/admin/"}, REMOTE_ADDR=ip)
+
+
+def _logged_in(client) -> bool:
+    return "_auth_user_id" in client.session
+
+
+def test_admin_login_is_refused_after_too_many_failures_even_with_the_right_password(client, login_limits):
+    """探测里 30 次错误密码都是 200，第 31 次用对的密码就登进去了。"""
+    for _ in range(3):
+        response = _login(client, "wrong")
+        assert response.status_code == 200 and not _logged_in(client)
+        assert "请输入一个正确的" in response.content.decode() or "correct" in response.content.decode()
+    refused = _login(client, "right-password")
+    assert refused.status_code == 429 and not _logged_in(client)
+    assert int(refused["Retry-After"]) >= 1
+    page = refused.content.decode()
+    assert "登录失败次数过多" in page and f"{refused['Retry-After']} 秒后再试" in page
+    # 按（用户名，地址）计：别的地址、同一地址上的别的用户名不受影响
+    assert _login(client, "right-password", ip="10.0.0.2").status_code == 302 and _logged_in(client)
+    client.logout()
+    assert _login(client, "wrong", username="someone-else").status_code == 200
+
+
+def test_admin_login_success_clears_the_failure_count(client, login_limits):
+    for _ in range(2):
+        _login(client, "wrong")
+    assert _login(client, "right-password").status_code == 302 and _logged_in(client)
+    client.logout()
+    for _ in range(2):
+        assert _login(client, "wrong").status_code == 200
+    assert _login(client, "right-password").status_code == 302 and _logged_in(client)
+
+
+def test_admin_login_gets_a_chance_back_as_the_window_passes(client, login_limits, django_user_model):
+    import time
+
+    # 窗口 6 秒、3 次机会：每 2 秒补回一次。快速的哈希让 4 次尝试远在 2 秒内做完
+    login_limits.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    user = django_user_model.objects.get(username="ops")
+    user.set_password("right-password")
+    user.save()
+    login_limits.ADMIN_LOGIN_WINDOW = 6
+    for _ in range(3):
+        _login(client, "wrong")
+    assert _login(client, "right-password").status_code == 429
+    time.sleep(2.1)
+    assert _login(client, "right-password").status_code == 302 and _logged_in(client)
+
+
 def test_admin_index_renders(admin_client):
     assert admin_client.get("/admin/").status_code == 200
 
