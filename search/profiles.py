@@ -18,6 +18,7 @@ from cachetools import TTLCache
 
 from knowledge.models import KnowledgeBase
 from raglib.relevance import MODE_FEATURES, RelevanceModel
+from raglib.retrieval_profile import RetrievalProfile, model_profile
 from search.models import RelevanceProfile
 
 
@@ -43,6 +44,11 @@ def current(model: RelevanceModel) -> bool:
 def embedding_model_key(kb: KnowledgeBase) -> str:
     """知识库的 embedding 模型在模型表里的键（``提供方:模型``）。"""
     return f"{kb.embedding_provider}:{kb.embedding_model}"
+
+
+def retrieval_profile(kb: KnowledgeBase) -> RetrievalProfile:
+    """知识库的检索画像（融合参数与全局校准曲线）：按它的 embedding 模型查（见 ``raglib.retrieval_profile``）。"""
+    return model_profile(kb.embedding_provider, kb.embedding_model)
 
 
 def model_default(kb: KnowledgeBase) -> RelevanceProfile | None:

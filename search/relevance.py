@@ -74,6 +74,7 @@ class _Examples:
 
 def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.Mode) -> _Examples:
     examples = _Examples()
+    profile = profiles.retrieval_profile(kb)
     for index, query in enumerate(queries):
         outcome = services.search(kb, services.SearchRequest(query=query.text, top_k=FIT_TOP_K, mode=mode,
                                                              rerank=False, return_parent=False))
@@ -90,8 +91,8 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
             coverage = rows[0].get("coverage", 0.0)
             examples.absent.append(candidate_features(without(evidence, labels), coverage=coverage,
                                                       depth=services.path_depth(FIT_TOP_K, mode),
-                                                      gate=services.coverage_gate(coverage),
-                                                      calibration=services.calibration_from_settings()))
+                                                      gate=services.coverage_gate(coverage, profile.fusion),
+                                                      calibration=profile.calibration))
     return examples
 
 

@@ -37,14 +37,14 @@ from raglib.fusion import (
 )
 from raglib.providers.rerank import RerankUnavailable
 from raglib.relevance import Evidence, candidate_features
+from raglib.retrieval_profile import FusionParameters, RetrievalProfile
 from raglib.scoring import (
-    Calibration,
     fulltext_score,
     hybrid_score,
     match_ratio,
     vector_score,
 )
-from search.profiles import knowledge_base_script, relevance_model
+from search.profiles import knowledge_base_script, relevance_model, retrieval_profile
 from search.query_embeddings import embed_query
 from search.rerankers import configured_reranker
 from search.retrieval import (
@@ -163,13 +163,6 @@ class _Clock:
             SEARCH_STAGE_SECONDS.labels(stage=name).observe(elapsed)
 
 
-def calibration_from_settings() -> Calibration:
-    """不重排时对外分数的校准参数（``RAG_SCORE_*``）。"""
-    return Calibration(settings.SCORE_VECTOR_CENTER, settings.SCORE_VECTOR_SCALE, settings.SCORE_FULLTEXT_CENTER,
-                       settings.SCORE_FULLTEXT_SCALE, settings.SCORE_HYBRID_VECTOR, settings.SCORE_HYBRID_FULLTEXT,
-                       settings.SCORE_HYBRID_BIAS)
-
-
 def searchable_knowledge_base(*, principal: Principal, kb_id: str | uuid.UUID) -> KnowledgeBase:
     """检索前的校验：存在（404）→ 可用（403 KNOWLEDGE_BASE_UNAVAILABLE）→ 读权限（403）。"""
     return usable_knowledge_base(principal=principal, kb_id=kb_id, write=False)
@@ -192,15 +185,15 @@ def path_depth(top_k: int, mode: Mode) -> int:
     return max(candidate_count(top_k), min(settings.FUSION_DEPTH, settings.MAX_RERANK_CANDIDATES))
 
 
-def fusion_weights(text: _PathResult | None) -> dict[str, float]:
-    """两路的 RRF 权重。全文一路 = (RAG_FUSION_FULLTEXT_WEIGHT + RAG_FUSION_FULLTEXT_MATCH_BOOST * 最佳匹配程度)
-    再乘覆盖率闸门：问题与某个分块字面上高度重合（最佳匹配程度高）时全文一路更可信；查询的词在库里大多没出现时
+def fusion_weights(text: _PathResult | None, fusion: FusionParameters) -> dict[str, float]:
+    """两路的 RRF 权重（参数来自知识库的检索画像）。全文一路 = (基础权重 + 匹配加成 * 最佳匹配程度) 再乘覆盖率
+    闸门：问题与某个分块字面上高度重合（最佳匹配程度高）时全文一路更可信；查询的词在库里大多没出现时
     （另一种语言的问题）闸门把它关掉。"""
-    weight = settings.FUSION_FULLTEXT_WEIGHT
+    weight = fusion.fulltext_weight
     if text is not None and text.coverage is not None:
         best = match_ratio(text.hits[0].value, text.scale) if text.hits else 0.0
-        weight = (weight + settings.FUSION_FULLTEXT_MATCH_BOOST * best) * coverage_gate(text.coverage)
-    return {"vector": settings.FUSION_VECTOR_WEIGHT, "fulltext": weight}
+        weight = (weight + fusion.fulltext_match_boost * best) * coverage_gate(text.coverage, fusion)
+    return {"vector": fusion.vector_weight, "fulltext": weight}
 
 
 def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
@@ -222,6 +215,7 @@ def search(kb: KnowledgeBase, request: SearchRequest) -> SearchOutcome:
 
 def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, clock: _Clock) -> None:
     plan = search_plan(kb)
+    profile = retrieval_profile(kb)
     if plan.estimate == 0:
         return  # 没有已完成摄取的文档：空数组，而不是错误（见 docs/INVARIANTS.md 的 EMPTY-KB-EMPTY-RESULT）
     limit = candidate_count(request.top_k)
@@ -235,9 +229,9 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
             return
         with clock.stage("fuse"):
             if len(paths) > 1:
-                outcome.fusion_weights = fusion_weights(text_result)
+                outcome.fusion_weights = fusion_weights(text_result, profile.fusion)
             fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
-                             k=settings.RRF_K, weights=outcome.fusion_weights or None)
+                             k=profile.fusion.rrf_k, weights=outcome.fusion_weights or None)
             # 先读前 limit 个；其中有子块（父子分块的库）时才把其余的也读出来，供按父块凑满候选
             chunks = load_chunks([f.key for f in fused[:limit]])
             if any(chunk.role == "child" for chunk in chunks.values()):
@@ -266,7 +260,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
             for f in fused
         ]
         _complete_evidence(kb, parsed, candidates, paths)
-        _score(kb, candidates, paths, depth)
+        _score(kb, profile, candidates, paths, depth)
         # 融合决定候选集合，排序按每条结果自己的相关概率：分数随名次不增，而且不借用别的结果的分数
         candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
 
@@ -369,9 +363,10 @@ def _complete_evidence(kb: KnowledgeBase, parsed: analysis.ParsedQuery, candidat
                 c.fulltext_score = scores.get(c.chunk.chunk_id, 0.0)
 
 
-def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _PathResult], depth: int) -> None:
+def _score(kb: KnowledgeBase, profile: RetrievalProfile, candidates: list[SearchResult],
+           paths: dict[str, _PathResult], depth: int) -> None:
     """不重排时的 0~1 分数。知识库有学好的相关概率模型（``search.profiles``）时用它：每个候选的特征
-    （:func:`raglib.relevance.candidate_features`）→ P(相关)；没有时用全局校准参数（:func:`_calibrated_scores`）。
+    （:func:`raglib.relevance.candidate_features`）→ P(相关)；没有时用检索画像的全局校准（:func:`_calibrated_scores`）。
     特征总是算好挂在结果上：调试页展示它们，拟合模型也从这里收集。"""
     text = paths.get("fulltext")
     for candidate in candidates:
@@ -381,13 +376,13 @@ def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _
     # 候选此时还是融合顺序，名次即 RRF 名次
     evidence = [Evidence(c.vector_similarity, c.fulltext_unit, c.vector_rank, c.fulltext_rank, rank)
                 for rank, c in enumerate(candidates, start=1)]
-    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage),
-                              calibration=calibration_from_settings())
+    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage, profile.fusion),
+                              calibration=profile.calibration)
     for candidate, row in zip(candidates, rows, strict=True):
         candidate.features = row
     mode = "hybrid" if len(paths) > 1 else next(iter(paths))
     # 全局校准总是先算：混合方式的模型就建在它的对数几率上，评测拟合全局参数也要它记下的证据
-    _calibrated_scores(candidates, paths, coverage)
+    _calibrated_scores(candidates, paths, coverage, profile)
     model = relevance_model(kb.id, mode)
     if model is None:
         return
@@ -397,13 +392,14 @@ def _score(kb: KnowledgeBase, candidates: list[SearchResult], paths: dict[str, _
         candidate.learned = True
 
 
-def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult], coverage: float) -> None:
+def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult], coverage: float,
+                       profile: RetrievalProfile) -> None:
     """不重排（或重排不可用）时对外的 0~1 分数：校准过的相关概率（见 :mod:`raglib.scoring`）。
 
     每条结果只用它自己的证据（:func:`_complete_evidence` 补齐了另一路的真实值）；补不出来的（ts_rank_cd 排序、
     分块没有向量）按没有这一路的证据（0）计，不借用别的结果的值。
     """
-    calibration = calibration_from_settings()
+    calibration = profile.calibration
     if len(paths) == 1:
         for candidate in candidates:
             candidate.score = (vector_score(candidate.vector_similarity, calibration)
@@ -412,15 +408,15 @@ def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathRes
         return
     # 全文一路“没听懂”这个查询（另一种语言的问题，覆盖率低）时，它的匹配程度不算证据：与融合权重用同一个闸门，
     # 否则英文库里恰好含一个数字、人名的分块会被排到向量一路找到的答案前面
-    gate = coverage_gate(coverage)
+    gate = coverage_gate(coverage, profile.fusion)
     for c in candidates:
         c.evidence = (c.vector_similarity or 0.0, (c.fulltext_unit or 0.0) * gate)
         c.score = hybrid_score(*c.evidence, calibration)
 
 
-def coverage_gate(coverage: float) -> float:
-    """全文一路的可信程度（0~1）：与融合权重、混合分数用同一个闸门（``RAG_FUSION_COVERAGE_*``）。"""
-    return lexical_gate(coverage, settings.FUSION_COVERAGE_FLOOR, settings.FUSION_COVERAGE_FULL)
+def coverage_gate(coverage: float, fusion: FusionParameters) -> float:
+    """全文一路的可信程度（0~1）：融合权重、混合分数与相关概率模型的匹配特征用同一个闸门。"""
+    return lexical_gate(coverage, fusion.coverage_floor, fusion.coverage_full)
 
 
 def _rerank(query: str, candidates: list[SearchResult], outcome: SearchOutcome, clock: _Clock) -> None:

@@ -1,7 +1,8 @@
-"""由评测结果拟合对外分数的校准参数（``raglib.scoring``）：前 10 条结果的证据 → 是否标注相关，做逻辑回归。
+"""由评测结果拟合对外分数的全局校准曲线（``raglib.scoring.Calibration``）：前 10 条结果的证据 → 是否标注相关，
+做逻辑回归。
 
 没有外部依赖：特征只有一两维，用 :func:`raglib.relevance.fit_logistic`（牛顿法，带很小的 L2）几十步就收敛。
-拟合结果以环境变量的形式打印，运维换 embedding 模型后可以在自己的标注数据上重新校准。
+结果是 ``Calibration`` 的字段，给一个新的 embedding 模型建检索画像（``raglib.retrieval_profile.MODEL_PROFILES``）时用。
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ def _pairs(per_query: Sequence[dict[str, Any]], qrels: dict[str, dict[str, int]]
 
 def suggest(per_query_by_mode: dict[str, Sequence[dict[str, Any]]],
             qrels: dict[str, dict[str, int]]) -> dict[str, float]:
-    """各方式拟合出的 ``RAG_SCORE_*`` 取值（只拟合数据里有的方式）。"""
+    """各方式拟合出的 ``Calibration`` 字段取值（只拟合数据里有的方式）。"""
     out: dict[str, float] = {}
-    for mode, columns, names in (("vector", [0], ("VECTOR",)), ("fulltext", [1], ("FULLTEXT",)),
-                                 ("hybrid", [0, 1], ("HYBRID",))):
+    for mode, columns in (("vector", [0]), ("fulltext", [1]), ("hybrid", [0, 1])):
         records = per_query_by_mode.get(mode)
         if not records:
             continue
@@ -41,11 +41,10 @@ def suggest(per_query_by_mode: dict[str, Sequence[dict[str, Any]]],
         if len(y) < 10 or y.min() == y.max():
             continue
         weights, bias = fit_logistic(x, y)
-        if names[0] == "HYBRID":
-            out.update({"RAG_SCORE_HYBRID_VECTOR": weights[0], "RAG_SCORE_HYBRID_FULLTEXT": weights[1],
-                        "RAG_SCORE_HYBRID_BIAS": bias})
+        if mode == "hybrid":
+            out.update({"hybrid_vector": weights[0], "hybrid_fulltext": weights[1], "hybrid_bias": bias})
         elif weights[0] > 0:
             # sigmoid(a·x + b) = sigmoid((x - center)/scale)：center = -b/a，scale = 1/a
-            out[f"RAG_SCORE_{names[0]}_CENTER"] = -bias / weights[0]
-            out[f"RAG_SCORE_{names[0]}_SCALE"] = 1 / weights[0]
+            out[f"{mode}_center"] = -bias / weights[0]
+            out[f"{mode}_scale"] = 1 / weights[0]
     return {key: round(float(value), 4) for key, value in out.items()}

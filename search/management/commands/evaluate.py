@@ -92,7 +92,8 @@ class Command(BaseCommand):
         parser.add_argument("--cache-query-embeddings", action="store_true",
                             help="查询向量也缓存到 RAG_DATA_DIR/eval-cache（反复评测省时；延迟随之不含查询向量化）")
         parser.add_argument("--fit-calibration", action="store_true",
-                            help="用本次前 10 条结果与标注拟合不重排时对外分数的校准参数，打印成 RAG_SCORE_* 环境变量")
+                            help="用本次前 10 条结果与标注拟合不重排时的全局校准曲线，打印成 Calibration(...)，"
+                                 "可作为新 embedding 模型的检索画像（raglib/retrieval_profile.py）")
         parser.add_argument("--compare", type=Path, metavar="OLD.json",
                             help="与以前 --output 写出的 JSON 比较，打印各方式各指标的差值")
         parser.add_argument("--limit", type=int, help="只取按 id 排序的前 N 个问题")
@@ -163,8 +164,9 @@ class Command(BaseCommand):
         self.stdout.write(report.markdown())
         if options["fit_calibration"]:
             fitted = suggest({m.mode: m.per_query for m in report.modes if not m.skipped}, dataset.qrels)
-            self.stdout.write("\n拟合的校准参数（前 10 条结果，逻辑回归）：\n"
-                              + "\n".join(f"{key}={value}" for key, value in fitted.items()))
+            self.stdout.write("\n拟合的全局校准曲线（前 10 条结果，逻辑回归；"
+                              "检索画像 raglib/retrieval_profile.py 用）：\n"
+                              + "Calibration(" + ", ".join(f"{key}={value}" for key, value in fitted.items()) + ")")
         if previous is not None:
             self.stdout.write("\n" + compare_reports(previous, report.as_dict()))
         self.stdout.write(f"\n总用时 {report.total_seconds:.0f} s" + ("" if config.keep or kb else
