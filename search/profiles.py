@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
+from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
+from raglib.analysis import text_script
 from raglib.relevance import MODE_FEATURES, RelevanceModel
 from raglib.retrieval_profile import RetrievalProfile, model_profile
 from search.models import RelevanceProfile
@@ -30,7 +32,8 @@ class _Profile:
     source: uuid.UUID | None = None
 
 
-_EMPTY = _Profile({}, "")
+# 没有拟合过的库判断汉字写法时最多看多少个分块
+SCRIPT_SAMPLE = 200
 
 _cache: TTLCache[uuid.UUID, _Profile] = TTLCache(maxsize=4096, ttl=30)
 _lock = threading.Lock()
@@ -57,15 +60,24 @@ def model_default(kb: KnowledgeBase) -> RelevanceProfile | None:
             .exclude(knowledge_base_id=kb.id).order_by("-chunk_count", "knowledge_base_id").first())
 
 
+def sampled_script(kb_id: uuid.UUID) -> str:
+    """还没有拟合过的库：从最多 ``SCRIPT_SAMPLE`` 个分块判断汉字写法（一次有上限的查询，随画像缓存 30 秒）。"""
+    texts = (DocumentChunk.objects.filter(knowledge_base_id=kb_id).exclude(role="parent")
+             .values_list("chunk_text", flat=True)[:SCRIPT_SAMPLE])
+    return text_script(texts)
+
+
 def _load(kb_id: uuid.UUID) -> _Profile:
     profile = RelevanceProfile.objects.filter(knowledge_base_id=kb_id).first()
-    script = profile.script if profile is not None else ""
-    if profile is None:
+    if profile is not None:
+        script = profile.script
+    else:
+        # 汉字写法是本库分块的性质，不能借别的库的：自己从分块里看（简体问题问繁体库时向量一路差 2 个点）
+        script = sampled_script(kb_id)
         kb = KnowledgeBase.objects.filter(id=kb_id).first()
-        # 汉字写法是本库分块的性质，不能借别的库的：借模型时不转写法
         profile = model_default(kb) if kb is not None else None
     if profile is None:
-        return _EMPTY
+        return _Profile({}, script)
     # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
     models = {mode: model for mode, data in profile.mode_models.items()
               if current(model := RelevanceModel.from_dict(data))}
