@@ -1,4 +1,4 @@
-"""把 settings 与知识库记录翻译成 embedding 提供方实例（进程内缓存由 providers 负责）。"""
+"""把 settings 与知识库记录翻译成 embedding 提供方实例（进程内缓存由 providers 负责），以及预热它们。"""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import re
 
 from django.conf import settings
 
+from raglib.analysis import warm_up as analysis_warm_up
+from raglib.chunking import Tokenizer
 from raglib.providers.embedding import (
     EmbeddingConfig,
     EmbeddingProvider,
@@ -54,6 +56,18 @@ def embedder(provider: str, model: str) -> EmbeddingProvider:
 def default_embedder() -> EmbeddingProvider:
     """新建知识库使用的默认提供方。"""
     return embedder(settings.EMBEDDING_PROVIDER, default_model(settings.EMBEDDING_PROVIDER))
+
+
+def embedder_warm_up(provider: EmbeddingProvider, *, documents: bool) -> None:
+    """让经 ``provider`` 的第一次检索或写入不再等加载：它的查询引擎，全文切词词典（解析查询、生成 tsvector 都用）；
+    ``documents`` 为真时连同文档批量引擎与分块用的 tokenizer（上传摄取、条目写入要用）。
+
+    失败照常抛出（见 :meth:`raglib.providers.embedding.EmbeddingProvider.warm_up`）。
+    """
+    provider.warm_up(documents=documents)
+    analysis_warm_up()
+    if documents:
+        Tokenizer.load(settings.TOKENIZER or None)
 
 
 def cached_hub_config(model: str) -> str | None:

@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from infra.embedders import default_embedder
-from ops.warmup import worker_warm_states
+from ops.warmup import ENGINE_KINDS, WarmState, process_engines, worker_warm_states
 from raglib.providers.embedding import loaded_embedding_models
 from raglib.providers.rerank import loaded_rerank_models
 from search.rerankers import rerank_config
@@ -86,6 +86,10 @@ def check_migrations() -> CheckResult:
     return CheckResult("migrations", True, "all applied")
 
 
+def _running_clusters() -> list[Stat]:
+    return [s for s in Stat.get_all() if s.status not in ("Stopped", "Stopping")]
+
+
 def check_worker() -> CheckResult:
     """django-q2 集群的心跳写在共享的数据库缓存里；至少一个 worker 已加载完模型才算在线。
 
@@ -94,7 +98,7 @@ def check_worker() -> CheckResult:
     """
     if Conf.SYNC:
         return CheckResult("worker", True, "tasks run synchronously (RAG_QUEUE_SYNC=true)")
-    clusters = [s for s in Stat.get_all() if s.status not in ("Stopped", "Stopping")]
+    clusters = _running_clusters()
     if not clusters:
         return CheckResult("worker", False, "No background worker is running (start it with: manage.py qcluster)")
     workers = [(cluster.host, pid) for cluster in clusters for pid in cluster.workers]
@@ -127,6 +131,36 @@ def check_models() -> CheckResult:
     else:
         rerank = f"{config.provider}:{config.model} not loaded yet (loads on the first search)"
     return CheckResult("models", True, f"embedding: {loaded}; rerank: {rerank}")
+
+
+def warm_engines() -> dict[str, dict[str, list[str]]]:
+    """/ready 的 ``warm`` 字段：按进程种类列出已预热的引擎（``ops.warmup.ENGINE_KINDS`` → ``["提供方:模型", …]``）。
+
+    - ``web``：答这次请求的 web 进程自己（每个 gunicorn worker 各自加载，答案因进程而异）；
+    - ``worker``：每个已登记预热成功的 django-q2 worker 都有的引擎（任务落到哪个 worker 上都不用等）；
+      任务在 web 进程里同步执行（``RAG_QUEUE_SYNC=true``）时没有这一项，读不到 worker 状态时也没有（只记日志）。
+    """
+    report = {"web": process_engines()}
+    if Conf.SYNC:
+        return report
+    try:
+        with transaction.atomic():
+            workers = [(cluster.host, pid) for cluster in _running_clusters() for pid in cluster.workers]
+            states = [state for state in worker_warm_states(workers) if state.ok]
+    except Exception:
+        logger.warning("warm_engines_unreadable", exc_info=True)
+        return report
+    report["worker"] = _common_engines(states)
+    return report
+
+
+def _common_engines(states: list[WarmState]) -> dict[str, list[str]]:
+    """各 worker 都已预热的引擎；没有预热成功的 worker 时各项为空。"""
+    common: dict[str, list[str]] = {}
+    for kind in ENGINE_KINDS:
+        sets = [set(state.engines.get(kind, [])) for state in states]
+        common[kind] = sorted(set.intersection(*sets)) if sets else []
+    return common
 
 
 # 检查项与它抛异常时给人看的说明：绝不把 SQL、驱动报错原文放进公开的探针响应，原文只进日志

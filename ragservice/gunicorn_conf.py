@@ -4,6 +4,8 @@ import gc
 import json
 import os
 import socket
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -51,12 +53,39 @@ def child_exit(server: Any, worker: Any) -> None:
     multiprocess.mark_process_dead(worker.pid)
 
 
-def post_worker_init(worker: Any) -> None:
-    """预加载默认 embedding 模型、重排序模型与全文检索的切词词典，免得第一个检索请求替所有人付这笔开销。"""
-    # gunicorn 在 Django 初始化之前加载本配置文件：用到 Django 的模块只能在 worker 初始化之后的钩子里导入
-    from ops.warmup import load_models
+# 预热期间每隔这么多秒向主进程报一次活（gunicorn worker 的 notify）；最多报这么久，真卡死的加载仍会被超时杀掉
+WARM_UP_HEARTBEAT_SECONDS = 5.0
+WARM_UP_HEARTBEAT_LIMIT = 600.0
 
-    load_models(ocr=False, rerank=True)
+
+def post_worker_init(worker: Any) -> None:
+    """在接第一个请求之前预加载：默认 embedding 模型的查询引擎与文档批量引擎（条目写入在请求里同步 embedding）、
+    分块 tokenizer、重排序模型、全文检索的切词词典与 URLconf，免得第一个检索或条目 PUT 替所有人付这笔开销。
+    任务在 web 进程里同步执行（``RAG_QUEUE_SYNC=true``）时连同 OCR 引擎。"""
+    # gunicorn 在 Django 初始化之前加载本配置文件：用到 Django 的模块只能在 worker 初始化之后的钩子里导入
+    from django_q.conf import Conf
+
+    from ops.warmup import load_models, load_urlconf
+
+    # 主进程按 --timeout（120 s）杀掉不报活的 worker，而预热期间 worker 还没进入会报活的主循环。机器忙时加载 torch
+    # 引擎可能要上百秒（外部探测里第一个文档的 embed 用了 118 s，大半是加载），不报活就会被杀、重启、再加载，永远起不来
+    stop = threading.Event()
+    notify = getattr(worker, "notify", None)
+
+    def heartbeat() -> None:
+        deadline = time.monotonic() + WARM_UP_HEARTBEAT_LIMIT
+        while not stop.wait(WARM_UP_HEARTBEAT_SECONDS) and time.monotonic() < deadline:
+            if notify is not None:
+                notify()
+
+    beat = threading.Thread(target=heartbeat, name="warm-up-heartbeat", daemon=True)
+    beat.start()
+    try:
+        load_models(ocr=Conf.SYNC, rerank=True, documents=True)
+        load_urlconf()
+    finally:
+        stop.set()
+        beat.join()
     # 加载完模型与框架，进程里有十几万个从此不再释放的对象；每次完整的分代回收都要把它们全扫一遍
     # （2 核机器上约 50 ms，正好卡在某个检索请求中间，剖析里表现为融合那一行的长时间停顿）。
     # 冻结它们之后，完整回收只看启动之后分配的对象

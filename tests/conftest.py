@@ -129,6 +129,7 @@ class FakeEmbedder:
     def __init__(self, fail: BaseException | None = None) -> None:
         self.fail = fail
         self.calls: list[int] = []
+        self.warm_ups: list[bool] = []  # 每次 warm_up 的 documents 参数
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         if self.fail is not None:
@@ -143,6 +144,12 @@ class FakeEmbedder:
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed_documents([text])[0]
+
+    def warm_up(self, *, documents: bool) -> None:
+        """假模型没有要加载的东西：只记下被预热过（不计入 calls）。"""
+        if self.fail is not None:
+            raise self.fail
+        self.warm_ups.append(documents)
 
 
 @pytest.fixture

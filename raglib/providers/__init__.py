@@ -11,6 +11,7 @@ from raglib.providers.embedding import (
     get_embedding_provider,
     loaded_embedding_models,
     register_embedding_provider,
+    warm_embedding_engines,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "get_embedding_provider",
     "loaded_embedding_models",
     "register_embedding_provider",
+    "warm_embedding_engines",
 ]

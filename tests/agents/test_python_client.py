@@ -1,15 +1,20 @@
 """ragservice_client 对着真实运行的服务（pytest-django 的 live_server，真实 HTTP）：
-检索、条目、上传与轮询、错误与重试。
+检索、条目、上传与轮询、错误与重试；超时后的重试按条目的时间戳报告实际发生了什么。
 """
 
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from django.utils import timezone
+from requests.adapters import HTTPAdapter
 
+from documents.models import Document
 from raglib.providers.breaker import CircuitOpenError
 from tests.conftest import FakeEmbedder
 
@@ -103,3 +108,94 @@ def test_typed_errors_and_retries(rag: RagClient, live_server: Any, make_client:
     fake_embedder.embed_documents = flaky  # type: ignore[method-assign]
     assert rag.put_item("a", "正文").result == "created"
     assert calls["n"] == 2
+
+
+# ---------------------------------------------------------------- 超时后的重试不谎报结果（issue #23 第 3 项）
+
+
+class TimesOutAfterCommit(HTTPAdapter):
+    """传输层的替身：第一个 PUT 照常送到服务端、服务端提交之后，客户端这边假装读超时（就像模型冷加载让响应
+    超过了 30 秒）；之后的请求照常。"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timed_out: list[str] = []
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        response = super().send(request, *args, **kwargs)
+        if request.method == "PUT" and not self.timed_out:
+            self.timed_out.append(str(request.url))
+            raise requests.ReadTimeout("Read timed out (simulated, after the server committed)", request=request)
+        return response
+
+
+@pytest.fixture
+def flaky_rag(live_server: Any, make_client: Any, fake_embedder: FakeEmbedder,
+              kb_factory: Any) -> tuple[RagClient, TimesOutAfterCommit]:
+    adapter = TimesOutAfterCommit()
+    session = requests.Session()
+    session.mount("http://", adapter)
+    client = RagClient(live_server.url, make_client().raw_key, backoff=0.01, session=session,
+                       knowledge_base_id=str(kb_factory().id))
+    return client, adapter
+
+
+def test_retry_after_a_timeout_reports_the_create_it_retried(flaky_rag: tuple[RagClient, TimesOutAfterCommit],
+                                                             fake_embedder: FakeEmbedder) -> None:
+    """第一次 PUT 已经新建了条目，重试答 unchanged：客户端按 created_at 落在这次调用里报告 created。"""
+    rag, adapter = flaky_rag
+    written = rag.put_item("rose", "月季喜欢阳光充足、排水良好的土壤。", domain="garden")
+    assert len(adapter.timed_out) == 1  # 真的超时重试过
+    assert (written.result, written.resent) == ("created", True)
+    assert written.item["external_id"] == "rose" and written.item["status"] == "completed"
+    assert Document.objects.filter(external_id="rose").count() == 1
+    assert sum(fake_embedder.calls) == 1  # 只 embedding 了一次：重试没有重算
+
+
+def test_retry_after_a_timeout_reports_the_update_it_retried(flaky_rag: tuple[RagClient, TimesOutAfterCommit],
+                                                             live_server: Any, make_client: Any) -> None:
+    rag, adapter = flaky_rag
+    steady = RagClient(live_server.url, make_client().raw_key, knowledge_base_id=rag.knowledge_base_id)
+    assert steady.put_item("rose", "第一版").result == "created"
+    Document.objects.filter(external_id="rose").update(created_at=timezone.now() - timedelta(hours=1),
+                                                       updated_at=timezone.now() - timedelta(hours=1))
+    written = rag.put_item("rose", "第二版")
+    assert adapter.timed_out and (written.result, written.resent) == ("updated", True)
+    assert Document.objects.get(external_id="rose").content == "第二版"
+
+
+def test_retry_after_a_timeout_still_reports_a_true_unchanged(flaky_rag: tuple[RagClient, TimesOutAfterCommit],
+                                                              live_server: Any, make_client: Any) -> None:
+    """内容本来就没变（两次尝试都没写）：条目的时间戳都在这次调用之前，照实报告 unchanged。"""
+    rag, adapter = flaky_rag
+    steady = RagClient(live_server.url, make_client().raw_key, knowledge_base_id=rag.knowledge_base_id)
+    steady.put_item("rose", "原样")
+    Document.objects.filter(external_id="rose").update(created_at=timezone.now() - timedelta(hours=1),
+                                                       updated_at=timezone.now() - timedelta(hours=1))
+    written = rag.put_item("rose", "原样")
+    assert adapter.timed_out and (written.result, written.resent) == ("unchanged", True)
+
+
+def test_no_retry_no_second_guessing(rag: RagClient, kb_factory: Any) -> None:
+    """没有重试时照搬服务端的答复（resent 为假）。"""
+    rag.knowledge_base_id = str(kb_factory().id)
+    first = rag.put_item("rose", "原样")
+    again = rag.put_item("rose", "原样")
+    assert (first.result, first.resent, again.result, again.resent) == ("created", False, "unchanged", False)
+
+
+def test_call_window_uses_the_server_clock() -> None:
+    """时间窗只用服务端的时钟（最后一个响应的 Date 减去调用耗时），客户端的时钟偏了多少都不影响判断。"""
+    from ragservice_client import _call_started, _Exchange, _resent_result
+
+    response = requests.Response()
+    response.headers["Date"] = "Wed, 25 Nov 2026 10:00:30 GMT"
+    since = _call_started(_Exchange(response, resent=True, elapsed=31.5))
+    assert since.isoformat() == "2026-11-25T09:59:58.500000+00:00"
+    item = {"created_at": "2026-11-25T10:00:02.123456Z", "updated_at": "2026-11-25T10:00:02.123456Z"}
+    assert _resent_result("unchanged", item, since=since) == "created"
+    assert _resent_result("unchanged", {**item, "created_at": "2026-11-25T09:00:00+00:00"}, since=since) == "updated"
+    # 带偏移的时间同样比较（17:59:58+08:00 是窗口开始前半秒）
+    assert _resent_result("unchanged", {"created_at": "2026-11-25T17:50:00+08:00",
+                                        "updated_at": "2026-11-25T17:59:58+08:00"}, since=since) == "unchanged"
+    assert _resent_result("queued", item, since=since) == "queued"

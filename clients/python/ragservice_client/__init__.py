@@ -4,7 +4,9 @@
 
 - 所有非 2xx 响应都抛 :class:`RagError` 的子类，带服务端的错误码、消息、请求 ID 与字段级 details；
 - 503 / 429 与连接错误按指数退避重试（优先服从服务端的 ``Retry-After``），重试次数可配；
-- 检索默认 5 秒超时（``search_timeout``），其余请求用 ``timeout``。
+- 检索默认 5 秒超时（``search_timeout``），其余请求用 ``timeout``；
+- 超时或断连之后的重试可能是第二次执行同一个写入（第一次其实已在服务端提交）：:meth:`RagClient.put_item`
+  不照搬最后一次的答复，而是按条目的 ``created_at`` / ``updated_at`` 是否落在这次调用的时间窗里判断发生了什么。
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,8 @@ __all__ = [
 # 服务端会在这些状态码上要求稍后再试；其余错误重试也不会成功
 _RETRY_STATUSES = frozenset({429, 503})
 _MAX_RETRY_AFTER = 60.0
+# 客户端支持 Python 3.10，datetime.UTC 要 3.11 才有
+_UTC = timezone.utc  # noqa: UP017
 
 
 class RagError(Exception):
@@ -101,12 +107,29 @@ class KnowledgeHit:
 
 @dataclass(frozen=True)
 class ItemWrite:
-    """写入一个条目的结果：``result`` 为 created / updated / unchanged / queued。"""
+    """写入一个条目的结果：``result`` 为 created / updated / unchanged / queued。
+
+    ``resent`` 为真表示请求发了不止一次（之前的尝试超时或断连，服务端可能已经执行了它）：这时 ``result``
+    按条目的时间戳判断，而不是照搬最后一次的答复——第一次已经新建了条目时，重试会答 unchanged，这里仍是 created；
+    ``chunks_embedded`` / ``chunks_reused`` 是最后一次答复的数（重试没有重算就是 0）。
+    """
 
     result: str
     chunks_embedded: int
     chunks_reused: int
     item: dict[str, Any]
+    resent: bool = False
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """一次调用（含重试）最后得到的响应。"""
+
+    response: requests.Response
+    # 之前有一次尝试在传输层失败（超时、断连）：请求可能已经到了服务端并被执行
+    resent: bool
+    # 从第一次发出到收到最后的响应（秒，单调时钟）
+    elapsed: float
 
 
 class RagClient:
@@ -170,9 +193,13 @@ class RagClient:
         """按外部 id 写入条目（幂等：内容没变时 result=unchanged，不做任何工作）。"""
         body = {"content": content, "title": title, "domain": domain, "category": category, "tags": list(tags),
                 "metadata": dict(metadata or {})}
-        data = self._request("PUT", self._item_path(knowledge_base_id, external_id), json=body)
-        return ItemWrite(result=data["result"], chunks_embedded=data["chunks_embedded"],
-                         chunks_reused=data["chunks_reused"], item=data["item"])
+        exchange = self._exchange("PUT", self._item_path(knowledge_base_id, external_id), json=body)
+        data = _parsed(exchange.response)
+        result = data["result"]
+        if exchange.resent:
+            result = _resent_result(result, data["item"], since=_call_started(exchange))
+        return ItemWrite(result=result, chunks_embedded=data["chunks_embedded"], chunks_reused=data["chunks_reused"],
+                         item=data["item"], resent=exchange.resent)
 
     def bulk_upsert(self, items: Iterable[Mapping[str, Any]], *,
                     knowledge_base_id: str | None = None) -> list[dict[str, Any]]:
@@ -285,8 +312,14 @@ class RagClient:
         return f"/knowledge_bases/{self._kb(knowledge_base_id)}/items/{requests.utils.quote(external_id, safe='')}"
 
     def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
-        """发请求；503/429 与连接错误按退避重试，最终失败抛对应的 :class:`RagError` 子类。"""
+        """发请求并解析响应；重试见 :meth:`_exchange`，最终失败抛对应的 :class:`RagError` 子类。"""
+        return _parsed(self._exchange(method, path, timeout=timeout, **kwargs).response)
+
+    def _exchange(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> _Exchange:
+        """发请求；503/429 与连接错误、超时按退避重试，返回最后的响应（可能是错误响应）。"""
         attempt = 0
+        resent = False
+        started = time.monotonic()
         while True:
             files = kwargs.get("files")
             if files and attempt:
@@ -298,6 +331,8 @@ class RagClient:
             except (requests.ConnectionError, requests.Timeout):
                 if attempt >= self.retries:
                     raise
+                # 连接在请求发出之后才断、或读超时：服务端可能已经执行了这次请求
+                resent = True
                 time.sleep(self.backoff * 2**attempt)
                 attempt += 1
                 continue
@@ -305,11 +340,59 @@ class RagClient:
                 time.sleep(_retry_delay(response, self.backoff * 2**attempt))
                 attempt += 1
                 continue
-            if response.status_code >= 400:
-                raise _error(response)
-            if response.status_code == 204 or not response.content:
-                return None
-            return response.json()
+            return _Exchange(response, resent, time.monotonic() - started)
+
+
+def _parsed(response: requests.Response) -> Any:
+    """非 2xx 抛对应的 :class:`RagError` 子类；204 或空响应体为 None，否则是解析后的 JSON。"""
+    if response.status_code >= 400:
+        raise _error(response)
+    if response.status_code == 204 or not response.content:
+        return None
+    return response.json()
+
+
+def _call_started(exchange: _Exchange) -> datetime:
+    """这次调用开始的时刻，按服务端的时钟：最后一次响应的 ``Date`` 减去调用的总耗时。
+
+    用服务端的时钟才能与条目的 ``created_at`` 比较（客户端与服务端的时钟可能差得很远）。``Date`` 只精确到秒且是
+    截断的，算出的时刻因此只会偏早，不会把这次调用里的提交漏掉。没有 ``Date`` 时退回本机时钟。
+    """
+    try:
+        server_now = parsedate_to_datetime(exchange.response.headers["Date"])
+    except (KeyError, TypeError, ValueError):
+        server_now = datetime.now(_UTC)
+    if server_now.tzinfo is None:
+        server_now = server_now.replace(tzinfo=_UTC)
+    return server_now - timedelta(seconds=exchange.elapsed)
+
+
+def _timestamp(value: Any) -> datetime | None:
+    """API 里的 ISO 8601 时间（``Z`` 或带偏移）；Python 3.10 的 fromisoformat 不认 ``Z``。"""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_UTC)
+
+
+def _resent_result(result: str, item: Mapping[str, Any], *, since: datetime) -> str:
+    """请求发了不止一次时，这次调用实际做了什么。
+
+    只有 unchanged 需要重新判断：最后一次答 unchanged，可能是因为之前超时的那一次已经写进去了。条目在这次调用的
+    时间窗里被创建 → created；创建得更早、但在窗里被更新过 → updated；否则确实没有变化。
+    created / updated / queued 是最后一次自己做的事，照旧。
+    """
+    if result != "unchanged":
+        return result
+    created, updated = _timestamp(item.get("created_at")), _timestamp(item.get("updated_at"))
+    if created is not None and created >= since:
+        return "created"
+    if updated is not None and updated >= since:
+        return "updated"
+    return result
 
 
 def _retry_delay(response: requests.Response, default: float) -> float:
