@@ -5,6 +5,7 @@ from __future__ import annotations
 # huggingface_hub 在函数里导入：只在按 hub id 查本地缓存时需要。
 import json
 import re
+from pathlib import Path
 
 from django.conf import settings
 
@@ -78,6 +79,11 @@ def cached_hub_config(model: str) -> str | None:
 
     path = try_to_load_from_cache(model, "config.json")
     return path if isinstance(path, str) else None
+
+
+def locally_available(provider: str, model: str) -> bool:
+    """加载它不会去下载：flag 模型要么是本地目录、要么已在 Hugging Face 缓存里；其他提供方不下载。不访问网络。"""
+    return provider != "flag" or Path(model).is_dir() or cached_hub_config(model) is not None
 
 
 def _cached_hub_dimension(model: str) -> int | None:

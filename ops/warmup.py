@@ -25,7 +25,6 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -36,7 +35,7 @@ from django.db.models import Count
 from django.urls import resolve
 from django_q.conf import Conf
 
-from infra.embedders import cached_hub_config, default_embedder, embedder, embedder_warm_up
+from infra.embedders import default_embedder, embedder, embedder_warm_up, locally_available
 from knowledge.models import KnowledgeBase
 from raglib.parsing.ocr import ocr_warm_up
 from raglib.providers.embedding import BATCH_ENGINE, QUERY_ENGINE, warm_embedding_engines
@@ -123,11 +122,6 @@ def process_engines() -> dict[str, list[str]]:
     }
 
 
-def _locally_available(provider: str, model: str) -> bool:
-    """加载它不会去下载：flag 模型要么是本地目录、要么已在 Hugging Face 缓存里；其他提供方没有下载这回事。"""
-    return provider != "flag" or Path(model).is_dir() or cached_hub_config(model) is not None
-
-
 def _knowledge_base_models(default: tuple[str, str]) -> list[tuple[str, str]]:
     """启用的知识库在用的、默认模型以外的模型，按用它的知识库数从多到少，最多 :data:`MAX_WARM_MODELS` 个。
 
@@ -153,7 +147,7 @@ def _warm_knowledge_base_models(default: tuple[str, str], *, documents: bool) ->
     """预热知识库在用的其他模型；返回给人看的清单项。要下载的 flag 模型跳过（启动时不去下载几个 GB）。"""
     loaded = []
     for provider, model in _knowledge_base_models(default):
-        if not _locally_available(provider, model):
+        if not locally_available(provider, model):
             logger.warning("embedding_warm_up_skipped", provider=provider, model=model,
                            reason="the model is neither a local directory nor in the Hugging Face cache")
             continue
@@ -172,12 +166,12 @@ def _warm_reranker() -> list[str]:
 
     flag 模型只在本机已有时预热（本地目录，或已在 Hugging Face 缓存里的 hub id）：启动时去下载 2 GB 多的模型会让
     gunicorn worker 迟迟不能接请求、超过 worker 超时后被杀掉重启，反复如此；不能联网时还要先等 hub 的重试。
-    没有的模型仍在第一次检索时加载（与不预热时相同）。
+    没有的模型检索时也不去下载（见 ``search.services._rerank``）：按重排序不可用返回融合顺序，直到模型下载到本机。
     """
     reranker = configured_reranker()
     if reranker is None:
         return []
-    if not _locally_available(reranker.provider, reranker.model):
+    if not locally_available(reranker.provider, reranker.model):
         logger.warning("rerank_warm_up_skipped", reranker=reranker.breaker.name,
                        reason="the model is neither a local directory nor in the Hugging Face cache")
         return []

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from documents.filters import SearchFilters
+from infra.embedders import locally_available
 from infra.metrics import SEARCH_DEGRADED, SEARCH_REQUESTS, SEARCH_STAGE_SECONDS
 from infra.principal import Principal
 from knowledge.models import KnowledgeBase
@@ -423,6 +424,12 @@ def _rerank(query: str, candidates: list[SearchResult], outcome: SearchOutcome, 
     reranker = configured_reranker()
     if reranker is None:
         return  # RAG_RERANK_PROVIDER=none：按配置不重排，不算降级
+    if not locally_available(reranker.provider, reranker.model):
+        # 不在请求里下载几个 GB 的模型（不能联网时还要先等 hub 的重试，第一个检索曾因此等了 46~72 秒）：
+        # 按重排序不可用处理，模型下载到本机（huggingface-cli download）之后自动用上
+        logger.warning("rerank_model_not_local", reranker=reranker.breaker.name)
+        outcome.degraded.append("rerank-unavailable")
+        return
     with clock.stage("rerank"):
         try:
             scores = reranker.rerank(query, [c.chunk.text for c in candidates])

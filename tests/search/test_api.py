@@ -294,6 +294,9 @@ def test_both_paths_failing_returns_empty(client_rw: Any, corpus: KnowledgeBase,
 
 
 class FakeReranker:
+    provider = "fake"
+    model = "fake-reranker"
+
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.calls = 0
@@ -325,6 +328,19 @@ def test_reranker_failure_keeps_fused_order(client_rw: Any, corpus: KnowledgeBas
     assert [i["chunk_id"] for i in response.json()] == [i["chunk_id"] for i in plain]
     assert [i["score"] for i in response.json()] == [i["score"] for i in plain]
     assert all(0.0 <= i["score"] <= 1.0 for i in plain)
+
+
+def test_a_reranker_that_is_not_on_this_machine_is_not_downloaded_on_the_request_path(
+        client_rw: Any, corpus: KnowledgeBase, settings: Any) -> None:
+    """issue 23：配置的 flag 重排序模型不在本机时，检索不在请求里去下载它（离线时第一个检索曾等 46~72 秒）：
+    按重排序不可用返回融合顺序，标明降级。"""
+    settings.RERANK_PROVIDER, settings.RERANK_MODEL = "flag", "BAAI/no-such-reranker-for-tests"
+    plain = search(client_rw, corpus, "月季 修剪 评标", rerank=False).json()
+    with mock.patch("raglib.providers.rerank.FlagRerankProvider.__init__",
+                    side_effect=AssertionError("must not load on the request path")):
+        response = search(client_rw, corpus, "月季 修剪 评标")
+    assert response.status_code == 200 and response["X-Search-Degraded"] == "rerank-unavailable"
+    assert [i["chunk_id"] for i in response.json()] == [i["chunk_id"] for i in plain]
 
 
 def _row(chunk_id: int) -> ChunkRow:

@@ -22,7 +22,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from infra.embedders import cached_hub_config
+from infra.embedders import locally_available
 from infra.logging import command_output
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_by_name_or_id
@@ -123,9 +123,8 @@ class Command(BaseCommand):
         """示例评测的默认方式：配置的重排序模型（默认 bge-reranker-v2-m3）既不是本地目录也不在 Hugging Face
         缓存里时不跑 hybrid+rerank——离线时每次加载都要等 hub 的重试，一个十题的示例要多等两分多钟。"""
         reranker = configured_reranker()
-        if reranker is None or reranker.provider != "flag":
-            return ALL_MODES  # 不重排（该方式秒出“跳过”）或远程服务（受它自己的超时约束）
-        if Path(reranker.model).is_dir() or cached_hub_config(reranker.model):
+        # 不重排（该方式秒出“跳过”）、远程服务（受它自己的超时约束）或本机已有的模型
+        if reranker is None or locally_available(reranker.provider, reranker.model):
             return ALL_MODES
         self.stderr.write(f"重排序模型 {reranker.model} 不在本机，示例评测不跑 hybrid+rerank（要跑就用 --modes 指定）")
         return tuple(mode for mode in ALL_MODES if mode == REFERENCE_MODE or not MODES[mode][1])
