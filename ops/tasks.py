@@ -11,6 +11,8 @@ worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“�
   updated_at，只要执行者的连接还在、锁还在，就不会被当成孤儿；
 - 文档：租约过期未续的，收回租约后重新入队或置为失败（见 reap_stale_documents）；
   超过 RAG_STALE_TASK_SECONDS 还没人开始处理的，再入队一次（见 requeue_waiting_documents）。
+  停止服务不在此列：收到停止信号的 worker 在检查点交还租约、自己把文档原样放回队列（documents.ingestion，
+  GRACEFUL-STOP-NOT-A-DEATH），这里看到的过期租约只来自真的死掉的 worker。
 """
 
 from __future__ import annotations
@@ -120,13 +122,14 @@ def requeue_stale_cleanups(*, stale_after: timedelta) -> list[str]:
     return requeued
 
 
-# 弄死 worker 几次就判定文件本身有害：第一次可能是巧合（部署重启、别的任务占满内存），第二次不再给机会
+# 弄死 worker 几次就判定文件本身有害：第一次可能是巧合（别的任务占满内存、机器掉电），第二次不再给机会。
+# 停止服务（部署、重启）不算：优雅停止的 worker 交还了租约；只有等不到检查点就被 SIGKILL 的那一次才会算
 MAX_WORKER_DEATHS = 2
 
 
 def reap_stale_documents(*, stale_after: timedelta) -> list[str]:
     """处理中途 worker 死掉的文档（租约过期超过 stale_after 未续）：重新入队（计为一次新尝试）；
-    弄死过两次 worker 或尝试用尽则置为失败。
+    弄死过两次 worker 或尝试用尽则置为失败。优雅停止的 worker 已交还租约，它的文档不会出现在这里。
 
     只看持有过租约的文档：排队等待 worker 的文档没有租约，它们没有死。收回租约用一条带条件的 UPDATE，
     与仍活着的执行者续期互斥——续上了就不收回；收回后那个执行者提交时核对令牌失败，结果作废。

@@ -295,8 +295,10 @@ if REDIS_URL:
     # Redis 队列：worker 可以分布在多台机器上，入队/取任务不占数据库连接。Redis 的 BLPOP 取走即删，没有
     # ORM broker 那样的超时重投递；被杀 worker 手里的任务由数据库里的任务行 + 回收器（ops.tasks）重新入队
     Q_CLUSTER["redis"] = REDIS_URL
+    Q_CLUSTER["broker_class"] = "infra.broker.SharingRedis"
 else:
     Q_CLUSTER["orm"] = "default"
+    Q_CLUSTER["broker_class"] = "infra.broker.SharingORM"
 # 快队列：知识库清理、孤儿回收与小文件摄取走另一个 django-q2 集群（同一个 qcluster 命令一并启动），
 # 长时间的大文件摄取占满主队列的 worker 时，它们也不必排队
 FAST_QUEUE = "ragservice-fast"
@@ -304,6 +306,12 @@ Q_CLUSTER["ALT_CLUSTERS"] = {
     FAST_QUEUE: {"workers": env_int("RAG_QUEUE_FAST_WORKERS", 1, "快队列（清理、小文件）的 worker 进程数",
                                     minimum=1)},
 }
+# 两个集群都只在有 worker 空着时取任务；主队列的 worker 空着、自己的队列又是空的，就去做快队列里的摄取
+# （infra.broker）。快队列的 worker 从不取主队列的任务：小文件与维护任务不会排在一个长文档后面
+QUEUE_MAIN_TAKES_FAST = env_bool("RAG_QUEUE_MAIN_TAKES_FAST", True,
+                                 "主队列的 worker 空闲时也做快队列里的小文件摄取（清理等维护任务仍只在快队列上跑）")
+# 主队列可以从快队列取走的任务函数：摄取（秒级到分钟级）。清理、索引同步可能一跑几小时，留在快队列自己的 worker 上
+QUEUE_SHARED_TASKS = ("documents.tasks.run_ingestion",)
 FAST_QUEUE_MAX_BYTES = env_size("RAG_FAST_QUEUE_MAX_BYTES", 1024 * 1024,
                                 "不超过这个大小的上传文件与知识条目走快队列摄取（字节，可写 1MB）")
 TASK_LEASE_SECONDS = env_int("RAG_TASK_LEASE_SECONDS", 60, "摄取任务租约的有效秒数：worker 每 1/4 租期续期一次，"

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -564,6 +565,9 @@ def test_qcluster_command_runs_without_translations(monkeypatch):
     seen: list[str | None] = []
     monkeypatch.setattr(QclusterCommand, "handle", lambda self, *args, **options: seen.append(
         translation.get_language()))
+    # 不在测试进程里装 worker 的信号处理与转发（那是 qcluster 进程自己的事）
+    monkeypatch.setattr("ops.management.commands.qcluster.starting_cluster",
+                        lambda workers: contextlib.nullcontext())
     assert get_commands()["qcluster"] == "ops"
     with translation.override("zh-hans"):
         load_command_class("ops", "qcluster").handle(no_fast_queue=True)

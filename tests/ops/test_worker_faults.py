@@ -1,5 +1,5 @@
-"""worker 侧的故障：数据库在入库时断开、租约被收回、embedding 提供方出错/挂起/输出畸形、磁盘写满、
-快慢队列的分流，以及 qcluster / serve 的进程生命周期。都在本进程内完成，几秒钟跑完；真正停掉数据库、
+"""worker 侧的故障：数据库在入库时断开、租约被收回、停止信号下的检查点、embedding 提供方出错/挂起/输出畸形、
+磁盘写满、快慢队列的分流，以及 qcluster / serve 的进程生命周期。都在本进程内完成，几秒钟跑完；真正停掉数据库、
 SIGKILL worker 的端到端场景见 tests/ops/test_fault_injection.py。"""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from documents import ingestion
 from documents.models import Document, DocumentChunk
 from documents.services import document_upload
 from infra.locks import row_lease
+from infra.workers import request_stop, reset_stop
 from raglib.providers.embedding import get_embedding_provider
 from tests.conftest import assert_error
 from tests.documents.test_api import BID_TEXT, upload
@@ -120,6 +123,101 @@ def test_lease_is_renewed_in_the_background_and_notices_takeover(kb_factory):
         Document.objects.filter(pk=document.pk).update(lease_owner="reclaimed")
         assert lease.lost.wait(3)
     assert Document.objects.get(pk=document.pk).lease_owner == "reclaimed"  # 归还只归还自己的
+
+
+# ---------------------------------------------------------------- 优雅停止（真实进程里的停止见 test_graceful_stop.py）
+
+
+@pytest.fixture
+def stopping() -> Iterator[Callable[[], None]]:
+    """调用它模拟本 worker 收到停止信号（infra.workers.request_stop）；测试结束时撤销。"""
+    yield request_stop
+    reset_stop()
+
+
+@pytest.fixture
+def requeued(monkeypatch) -> list[tuple[Any, ...]]:
+    """截获入队：(函数, 位置参数, 关键字参数)。"""
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr("django_q.tasks.async_task", lambda func, *args, **kwargs: calls.append((func, args, kwargs)))
+    return calls
+
+
+def _sections(count: int) -> str:
+    paragraph = "投标人须具备相应资质，投标文件应包括商务部分和技术部分。"
+    return "\n\n".join(f"## 第{i}节\n\n第{i}节：{paragraph}" for i in range(count))
+
+
+def test_task_received_while_stopping_goes_back_untouched(kb_factory, fake_embedder, stopping, requeued,
+                                                         django_capture_on_commit_callbacks):
+    """停止途中才交到手上的任务（本地队列里的、重投递的）：不开始，原样（同一尝试号、同一队列）放回。"""
+    document = Document.objects.create(knowledge_base=kb_factory(), filename="a.md", size_bytes=10)
+    stopping()
+    with django_capture_on_commit_callbacks(execute=True):
+        ingestion.ingest_document(document_id=document.id, attempt=3)
+    document.refresh_from_db()
+    assert document.attempts == 0 and document.lease_owner == "" and not fake_embedder.calls
+    assert requeued == [(ingestion.INGEST_TASK_FUNC, (str(document.id),),
+                         {"attempt": 3, "cluster": "ragservice-fast", "request_id": None})]
+
+
+def test_stop_mid_embed_sets_the_attempt_aside_and_keeps_its_vectors(kb_factory, run_on_commit, fake_embedder,
+                                                                     stopping, requeued, settings, monkeypatch,
+                                                                     django_capture_on_commit_callbacks):
+    """embed 途中收到停止信号：下一个检查点（片与片之间）放下这次尝试——已算好的向量暂存、交还租约、同一尝试号
+    重新入队，不算失败也不算 worker 死亡；服务再起来时接着做，一个向量也不重算。"""
+    from ops.tasks import reap_stale_documents
+
+    settings.EMBEDDING_BATCH_SIZE = 2  # 每片 2 条
+    kb = kb_factory(chunking={"strategy": "token", "chunk_size": 32, "overlap": 0})
+    document = _uploaded(kb, run_on_commit, text=_sections(6))  # 入队被截获，还没有执行
+    real_embed = fake_embedder.embed_documents
+
+    def embed_then_stop(texts: list[str]) -> Any:
+        vectors = real_embed(texts)
+        if len(fake_embedder.calls) == 2:
+            stopping()  # 第二片算完时收到停止信号
+        return vectors
+
+    monkeypatch.setattr(fake_embedder, "embed_documents", embed_then_stop)
+    with django_capture_on_commit_callbacks(execute=True):
+        ingestion.ingest_document(document_id=document.id, attempt=1)
+    document.refresh_from_db()
+    assert document.status == "processing" and document.attempts == 1 and document.error_message == ""
+    assert document.lease_owner == "" and document.stage == "" and document.worker_deaths == 0
+    assert not DocumentChunk.objects.filter(document=document).exists()
+    assert requeued[-1] == (ingestion.INGEST_TASK_FUNC, (str(document.id),),
+                            {"attempt": 1, "cluster": "ragservice-fast", "request_id": None})
+    assert reap_stale_documents(stale_after=timedelta(0)) == []  # 租约已交还：回收器没有什么可收
+    assert fake_embedder.calls == [2, 2]
+    stash = settings.DATA_DIR / "files" / str(kb.id) / f"{document.id}.vectors.npz"
+    assert stash.exists()
+
+    reset_stop()
+    ingestion.ingest_document(document_id=document.id, attempt=1)  # 服务再起来，同一个尝试号
+    document.refresh_from_db()
+    assert document.status == "completed" and document.attempts == 1 and document.worker_deaths == 0
+    assert DocumentChunk.objects.filter(document=document).count() == document.chunk_count > 4
+    assert sum(fake_embedder.calls) == document.chunk_count  # 暂存的 4 个向量没有重算
+    assert not stash.exists()
+
+
+def test_parser_ended_by_the_stop_is_not_the_files_fault(kb_factory, run_on_commit, fake_embedder, stopping,
+                                                         requeued, monkeypatch, django_capture_on_commit_callbacks):
+    """停止信号也结束了解析子进程：解析“失败”不是文件的错，文档不置为失败，原样重新入队。"""
+    from documents.sandbox import SandboxFailure
+
+    def parser_ended_by_the_stop(*args: Any, **kwargs: Any) -> Any:
+        stopping()
+        raise SandboxFailure("The parser process stopped unexpectedly (exit code -15)")
+
+    monkeypatch.setattr(ingestion, "parse_isolated", parser_ended_by_the_stop)
+    document = _uploaded(kb_factory(), run_on_commit)
+    with django_capture_on_commit_callbacks(execute=True):
+        ingestion.ingest_document(document_id=document.id, attempt=1)
+    document.refresh_from_db()
+    assert document.status == "processing" and document.error_message == "" and document.lease_owner == ""
+    assert requeued[-1][2]["attempt"] == 1 and not fake_embedder.calls
 
 
 # ---------------------------------------------------------------- embedding 提供方出错、挂起、输出畸形
@@ -257,6 +355,9 @@ def test_qcluster_also_starts_and_stops_the_fast_queue_cluster(monkeypatch):
     children: list[FakeChild] = []
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: children.append(FakeChild(*a, **kw)) or children[-1])
     monkeypatch.setattr(QclusterCommand, "handle", lambda self, *args, **options: None)
+    # 不在测试进程里装 worker 的信号处理与转发（那是 qcluster 进程自己的事）
+    monkeypatch.setattr("ops.management.commands.qcluster.starting_cluster",
+                        lambda workers: contextlib.nullcontext())
     load_command_class("ops", "qcluster").handle(no_fast_queue=False)
     assert [env["Q_CLUSTER_NAME"] for env in started] == ["ragservice-fast"]
     assert children[0].signals == [signal.SIGTERM]  # 主集群停了，快队列集群跟着停

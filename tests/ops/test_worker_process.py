@@ -1,11 +1,14 @@
-"""真实 django-q2 worker 子进程：清理途中 SIGKILL worker，任务仍能完成；/ready 反映 worker 在线与否。"""
+"""真实 django-q2 worker 子进程：清理或摄取途中 SIGKILL worker，任务仍能完成（摄取的重试再被优雅停止也一样）；
+/ready 反映 worker 在线与否。"""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from django_q.conf import Conf
 
 from infra.principal import SYSTEM_PRINCIPAL
@@ -71,43 +74,77 @@ def test_ready_reports_worker_presence(db, tmp_path, monkeypatch):
 
 
 def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
-    """摄取进行到 embed 阶段时 SIGKILL worker：回收器重新入队，新 worker 完成，文档进入终态且分块完整。"""
-    import io
+    """大文件（> 1 MB，主队列）摄取到 embed 阶段时 SIGKILL worker：租约一到期回收器就把它放回主队列（计一次 worker
+    死亡、尝试号 + 1），新 worker 接着做；这一次在 embed 途中被优雅停止（SIGTERM，宽限期后 SIGKILL，与
+    ``manage.py serve`` 停止时相同）：交还租约、同一尝试号放回主队列，不再记 worker 死亡（以前它在这里被判成“有害文件”，
+    置为 failed 且不再重试）。第三个 worker 完成它，分块恰好一组。embedding 用慢服务（tests/ops/slow_embedding.py）。"""
+    from django_q.models import OrmQ
+    from django_q.signing import SignedPackage
 
+    from documents.ingestion import ingestion_queue
     from documents.models import Document, DocumentChunk
-    from documents.services import document_upload
+    from ops.management.commands.serve import STOP_SECONDS
+    from ops.tasks import reap_stale_documents
+    from tests.ops.slow_embedding import SlowEmbeddingServer, graceful_stop, sections, slow_kb, upload
+
+    def row() -> Document:
+        return Document.objects.get(pk=document.pk)
+
+    def queued_on() -> list[str]:
+        """这个文档还没被取走的消息在哪个队列。"""
+        return [task.key for task in OrmQ.objects.filter(lock__lte=timezone.now())
+                if SignedPackage.loads(task.payload)["args"] == (str(document.pk),)]
 
     monkeypatch.setattr(Conf, "SYNC", False)
-    kb = kb_factory(chunking={"strategy": "token", "chunk_size": 64, "overlap": 0})
-    paragraph = "本项目为政务云平台建设项目，投标人须具备相应资质，投标文件应包括商务部分和技术部分。"
-    text = "\n\n".join(f"## 第{i}节\n\n{paragraph * 3}" for i in range(40))
-    upload = io.BytesIO(text.encode())
-    first = WorkerCluster(tmp_path / "worker1.log").start()
-    try:
-        document = document_upload(kb=kb, filename="big.md", upload=upload, metadata={}, chunking={})
-        wait_for(lambda: Document.objects.get(pk=document.pk).stage == "embed", timeout=120,
-                 interval=0.05, what="ingestion to reach the embed stage")
-        first.kill()
-    finally:
-        first.stop()
-    killed = Document.objects.get(pk=document.pk)
-    assert killed.status == "processing" and killed.stage == "embed", first.log()
-    assert not DocumentChunk.objects.filter(document=killed).exists()  # 半截结果从不可见
+    with SlowEmbeddingServer(delay=0.25) as server:
+        kb = slow_kb(kb_factory, chunk_size=1024)
+        env = server.worker_env()
+        first = WorkerCluster(tmp_path / "worker1.log", **env).start()
+        try:
+            document = upload(kb, "big.md", sections(2800))
+            assert document.size_bytes > 1024 * 1024 and ingestion_queue(document) is None  # 主队列
+            wait_for(lambda: row().stage == "embed", timeout=120, interval=0.05,
+                     what="ingestion to reach the embed stage")
+            first.kill()
+            killed_at = time.monotonic()
+        finally:
+            first.stop()
+        killed = row()
+        assert killed.status == "processing" and killed.stage == "embed", first.log()
+        assert killed.lease_owner != ""  # 被杀的 worker 来不及交还
+        assert not DocumentChunk.objects.filter(document=killed).exists()  # 半截结果从不可见
 
-    second = WorkerCluster(tmp_path / "worker2.log").start()
-    try:
-        from ops.tasks import reap_stale_documents
+        lease = int(first.env["RAG_TASK_LEASE_SECONDS"])
+        wait_for(lambda: reap_stale_documents(stale_after=timedelta(0)) == [str(document.pk)], timeout=lease * 3,
+                 interval=0.2, what="reaper to requeue the orphaned document")
+        assert time.monotonic() - killed_at < lease + 2  # 租约一过期就收回
+        assert queued_on() == ["ragservice"]  # 回到它自己的（主）队列
+        reaped = row()
+        assert (reaped.worker_deaths, reaped.status, reaped.attempts) == (1, "processing", 1)
 
-        wait_for(lambda: reap_stale_documents(stale_after=timedelta(0)) == [str(document.pk)], timeout=30,
-                 what="reaper to requeue the orphaned document")
-        wait_for(lambda: Document.objects.get(pk=document.pk).status != "processing", timeout=180,
-                 what="ingestion to reach a terminal state")
-    finally:
-        second.stop()
-    done = Document.objects.get(pk=document.pk)
-    assert done.status == "completed", (done.error_message, second.log())
-    assert done.attempts == 2
-    assert done.chunk_count == DocumentChunk.objects.filter(document=done).count() > 20
+        second = WorkerCluster(tmp_path / "worker2.log", **env).start()
+        try:
+            wait_for(lambda: row().attempts == 2 and row().stage == "embed", timeout=120, interval=0.05,
+                     what="the retry to reach the embed stage")
+            seconds = graceful_stop(second)
+        finally:
+            second.stop()
+        assert seconds < STOP_SECONDS, second.log()[-3000:]  # 在宽限期内自己停下，没有等到 SIGKILL
+        stopped = row()
+        assert (stopped.status, stopped.worker_deaths, stopped.attempts) == ("processing", 1, 2), second.log()
+        assert stopped.lease_owner == "" and stopped.stage == ""
+        assert reap_stale_documents(stale_after=timedelta(0)) == []  # 不是死亡：回收器没什么可收
+        assert queued_on() == ["ragservice"]
+
+        third = WorkerCluster(tmp_path / "worker3.log", **env).start()
+        try:
+            wait_for(lambda: row().status != "processing", timeout=180, what="ingestion to reach a terminal state")
+        finally:
+            third.stop()
+    done = row()
+    assert done.status == "completed", (done.error_message, third.log()[-3000:])
+    assert (done.attempts, done.worker_deaths) == (2, 1)
+    assert done.chunk_count == DocumentChunk.objects.filter(document=done).count() > 200
 
 
 def test_cleanup_outlives_the_cluster_timeout_under_the_maintenance_timeout(kb_factory, tmp_path, monkeypatch,

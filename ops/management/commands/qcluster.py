@@ -10,6 +10,9 @@
 - 把自己的 nice 值调到 ``RAG_WORKER_NICE``（默认 10），哨兵、worker 与快队列子进程都继承。web 与 worker 同机时，
   CPU 上的 embedding（摄取）会把检索挤到排队：2 核机器上 3 篇文档持续摄取时检索 p95 是空闲时的 8.6 倍
   （bench/README.md“负载与干扰”）。调低优先级后 CPU 空闲时摄取照样用满，检索一来就先让给检索。
+- 启动集群的那一段包在 ``infra.workers.starting_cluster`` 里：建立 worker 的忙闲表（代理只在有空闲 worker 时取任务，
+  主队列空闲时帮快队列做小文件，见 ``infra.broker``），并让停止信号成为优雅停止——worker 在下一个检查点交还手上的
+  摄取、原样重新入队，而不是像被杀一样留下过期的租约（GRACEFUL-STOP-NOT-A-DEATH）。
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from django.core.management.base import CommandParser, no_translations
 from django_q.conf import Conf
 from django_q.management.commands.qcluster import Command as QclusterCommand
 
-# 停止快队列子进程时等它处理完手头任务的秒数，之后 SIGKILL
+from infra.workers import starting_cluster
+
+# 主集群停下后，再等快队列子进程停下的秒数，之后 SIGKILL。它通常早已停好：整组停止时它与主集群同时收到 SIGTERM，
+# 只有主进程收到信号时由 infra.workers 转发给它；它的 worker 在下一个检查点交还手上的摄取
 FAST_QUEUE_STOP_SECONDS = 30
 
 
@@ -40,26 +46,33 @@ class Command(QclusterCommand):
     @no_translations
     def handle(self, *args: Any, **options: Any) -> None:
         lower_priority(settings.WORKER_NICE)
-        if options["no_fast_queue"] or Conf.CLUSTER_NAME == settings.FAST_QUEUE:
-            super().handle(*args, **options)
-            return
-        fast = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
-            [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
-            env={**os.environ, "Q_CLUSTER_NAME": settings.FAST_QUEUE},
-        )
+        fast = None
+        if not (options["no_fast_queue"] or Conf.CLUSTER_NAME == settings.FAST_QUEUE):
+            # 在 starting_cluster 屏蔽 SIGTERM 之前启动：子进程要带着正常的信号屏蔽字开始
+            fast = subprocess.Popen(  # noqa: S603 - 参数全部由本程序构造
+                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
+                env={**os.environ, "Q_CLUSTER_NAME": settings.FAST_QUEUE},
+            )
         try:
-            super().handle(*args, **options)
+            with starting_cluster(Conf.WORKERS):
+                super().handle(*args, **options)
             # django-q2 的 handle 启动哨兵进程后立即返回（由解释器退出时 join 它）：先等主集群停下，再停快队列
             for process in multiprocessing.active_children():
                 process.join()
         finally:
-            if fast.poll() is None:
-                fast.send_signal(signal.SIGTERM)
-            try:
-                fast.wait(FAST_QUEUE_STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                fast.kill()
-                fast.wait()
+            if fast is not None:
+                stop_fast_queue(fast)
+
+
+def stop_fast_queue(fast: subprocess.Popen[bytes]) -> None:
+    """主集群停下后停快队列集群：SIGTERM（它的 worker 在检查点交还手上的活），限时等待，之后 SIGKILL。"""
+    if fast.poll() is None:
+        fast.send_signal(signal.SIGTERM)
+    try:
+        fast.wait(FAST_QUEUE_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        fast.kill()
+        fast.wait()
 
 
 def lower_priority(nice: int) -> None:

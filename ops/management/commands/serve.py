@@ -36,8 +36,11 @@ from infra.logging import SELF_PROBE_ENV
 from ops.models import ApiKey
 
 BASE_DIR = Path(settings.BASE_DIR)
-# 停止时等子进程（及其进程组）优雅退出的秒数，之后 SIGKILL
-STOP_SECONDS = 30
+# 停止时等子进程（及其进程组）优雅退出的秒数，之后 SIGKILL。worker 收到 SIGTERM 后在下一个检查点交还手上的摄取
+# （infra.workers）：检查点之间最长的是一片 embedding（CPU 上一批 32 段约 5 秒，机器忙时翻几倍）与入库的那个事务
+# （几万个分块的大文档要几十秒）。等不到检查点就被 SIGKILL 的文档会被回收器记一次 worker 死亡，所以宽限期按后者留足；
+# 没有文档在处理时停止只要一两秒。外层的进程管理器（容器的 stop 超时、systemd 的 TimeoutStopSec）应不短于它
+STOP_SECONDS = 60
 
 
 class Command(BaseCommand):
