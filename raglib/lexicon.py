@@ -1,0 +1,142 @@
+"""全文段的词典：按词位排好序、切成块的 (词位, 段内 df, 倒排) 表，罕见词的倒排直接内联（纯函数，不碰数据库）。
+
+一个段（``search.segments`` 合并 L0 写出的不可变倒排）在数据库里是两种行：
+
+- 词典块 ``fulltext_dictionary``：约 ``DICTIONARY_BLOCK_BYTES`` 字节一行，存一段连续的词位（"C" 排序，即 UTF-8
+  字节序）。找一个词 = 取 ``first_lexeme ≤ 它`` 的最后一行再在块里二分；前缀词 = 一段连续的行。
+- 倒排块 ``fulltext_blocks``：段内 df 大的词，≤128 个倒排一行（格式见 :mod:`raglib.postings`），块号 0 影响力最高。
+
+为什么内联：中文的字 bigram 词表很长，多数词只出现在一两个分块里（cmrc2018 的 1,318 个分块有 13.5 万个词位，
+三分之二 df=1）。每词一行时，行头、主键与索引项约 100 字节，比倒排本身大十几倍；内联后一个罕见词约 20 字节
+（Lucene 的 terms dictionary 也把极短的倒排内联进词典，“pulsing”）。
+
+词典块的字节格式（小端）::
+
+    u16 n | u32 L | L 字节词位（UTF-8，以 NUL 分隔：PostgreSQL 的 text 不会含 NUL）
+    | u32 df[n] | u16 inline_len[n] | 内联倒排依次拼接
+
+``inline_len`` 为 0 的词在倒排块表里，块数 = ceil(df / BLOCK_SIZE)。
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from raglib.postings import BLOCK_SIZE, Postings, build_blocks, decode_blocks
+
+# 一个词的倒排编码后不超过这么多字节就内联进词典（约 20 个倒排）：再大就值得单独一行
+INLINE_MAX_BYTES = 96
+# 词典块的目标大小：PostgreSQL 的行超过约 2 KB 就要压缩或移出行外（TOAST），多一次读取
+DICTIONARY_BLOCK_BYTES = 1800
+_HEADER = struct.Struct("<HI")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """词典里的一个词：段内 df，以及内联的倒排（``None`` 表示在倒排块表里）。"""
+
+    lexeme: str
+    df: int
+    inline: bytes | None
+
+    @property
+    def blocks(self) -> int:
+        """倒排块表里的块数（内联的为 0）。"""
+        return 0 if self.inline is not None else -(-self.df // BLOCK_SIZE)
+
+
+@dataclass(frozen=True)
+class SegmentRows:
+    """一个段要写进数据库的行：词典块 (first_lexeme, data) 与倒排块 (lexeme, block_no, data)。"""
+
+    dictionary: list[tuple[str, bytes]]
+    blocks: list[tuple[str, int, bytes]]
+
+
+def _encode_block(entries: Sequence[Entry]) -> bytes:
+    names = b"\x00".join(entry.lexeme.encode("utf-8") for entry in entries)
+    inline = [entry.inline or b"" for entry in entries]
+    return b"".join([
+        _HEADER.pack(len(entries), len(names)), names,
+        np.array([entry.df for entry in entries], dtype="<u4").tobytes(),
+        np.array([len(data) for data in inline], dtype="<u2").tobytes(),
+        *inline,
+    ])
+
+
+def encode_dictionary(entries: Iterable[Entry]) -> list[tuple[str, bytes]]:
+    """按词位排好序的词切成词典块：每块到 ``DICTIONARY_BLOCK_BYTES`` 左右就开新块。"""
+    blocks: list[tuple[str, bytes]] = []
+    current: list[Entry] = []
+    size = 0
+    for entry in entries:
+        cost = len(entry.lexeme.encode("utf-8")) + 7 + len(entry.inline or b"")
+        if current and size + cost > DICTIONARY_BLOCK_BYTES:
+            blocks.append((current[0].lexeme, _encode_block(current)))
+            current, size = [], 0
+        current.append(entry)
+        size += cost
+    if current:
+        blocks.append((current[0].lexeme, _encode_block(current)))
+    return blocks
+
+
+def decode_dictionary_block(data: bytes) -> list[Entry]:
+    """一个词典块里的全部词（按词位升序）。"""
+    n, names_length = _HEADER.unpack_from(data)
+    offset = _HEADER.size
+    names = data[offset:offset + names_length].decode("utf-8").split("\x00")
+    offset += names_length
+    dfs = np.frombuffer(data, dtype="<u4", count=n, offset=offset)
+    offset += 4 * n
+    lengths = np.frombuffer(data, dtype="<u2", count=n, offset=offset)
+    offset += 2 * n
+    entries = []
+    for lexeme, df, length in zip(names, dfs.tolist(), lengths.tolist(), strict=True):
+        entries.append(Entry(lexeme, df, data[offset:offset + length] if length else None))
+        offset += length
+    return entries
+
+
+def find(entries: Sequence[Entry], lexeme: str) -> Entry | None:
+    """在一个词典块（已解码、按词位升序）里二分查找一个词。"""
+    index = bisect.bisect_left(entries, lexeme, key=lambda entry: entry.lexeme)
+    return entries[index] if index < len(entries) and entries[index].lexeme == lexeme else None
+
+
+def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
+    """一个段的行：``lexemes`` 按 "C" 序（UTF-8 字节序，也就是 Python 的字符串顺序）排好、互不相同，
+    ``postings.terms`` 是其中的下标。
+
+    每个词的倒排按 :func:`raglib.postings.build_blocks` 切块；只有一块且不超过 ``INLINE_MAX_BYTES`` 的内联进词典。
+    """
+    by_term: dict[int, list[tuple[int, bytes]]] = {}
+    for block in build_blocks(postings):
+        by_term.setdefault(block.term, []).append((block.number, block.data))
+    counts = np.bincount(postings.terms, minlength=len(lexemes)) if len(postings) else np.zeros(len(lexemes), int)
+    entries: list[Entry] = []
+    rows: list[tuple[str, int, bytes]] = []
+    for term, blocks in sorted(by_term.items()):
+        lexeme = lexemes[term]
+        if len(blocks) == 1 and len(blocks[0][1]) <= INLINE_MAX_BYTES:
+            entries.append(Entry(lexeme, int(counts[term]), blocks[0][1]))
+        else:
+            entries.append(Entry(lexeme, int(counts[term]), None))
+            rows.extend((lexeme, number, data) for number, data in blocks)
+    return SegmentRows(encode_dictionary(entries), rows)
+
+
+def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]]) -> tuple[list[str], Postings]:
+    """:func:`build_segment` 的逆：一个段的全部词典块与倒排块 (lexeme, data) → (词位表, 倒排)，合并时用。"""
+    entries = [entry for data in dictionary for entry in decode_dictionary_block(data)]
+    # Python 的字符串按码点比较，与 UTF-8 字节序（"C" 排序规则）一致
+    lexemes = sorted({entry.lexeme for entry in entries})
+    index = {lexeme: i for i, lexeme in enumerate(lexemes)}
+    pairs = [(index[entry.lexeme], entry.inline) for entry in entries if entry.inline is not None]
+    pairs += [(index[lexeme], data) for lexeme, data in blocks]
+    return lexemes, decode_blocks(pairs) if pairs else Postings.empty()

@@ -1,0 +1,364 @@
+"""全文倒排的块存储与 BM25 打分内核（纯 numpy，不碰数据库）：仿 Lucene 的压缩块倒排。
+
+原来每条倒排是 PostgreSQL 里的一行（每个分块约 30 KB）；这里把同一个词的倒排按 ``BLOCK_SIZE`` 条
+打成一个块，一块一行。这一层只管编码、解码与打分，读写哪张表由上面的应用层决定。
+
+词频与长度
+    标题、正文词频各占一个字节，超过 ``TF_MAX`` 的截到 ``TF_MAX``：BM25 的词频饱和项在 255 处早已平了。
+    分块长度按 Lucene ``SmallFloat.intToByte4`` 量化成一个字节（24 以下精确，以上 3 位尾数，偏低不超过
+    12.5%）：长度只进 BM25 的长度归一项，这点误差对排序无关紧要，一个字节却省下大半空间。打分与影响力
+    都用解码后的长度 ``NORM_LENGTHS[norm]``，所以只凭存下来的数据就能重算出同样的值。
+
+影响力与块的顺序
+    ``impacts`` 与 ``search/sql/fulltext_impact.v1.sql`` 同一个公式，但作用在存下来的值上（截断后的词频、
+    解码后的长度），合并时才能原样重算。每个词的倒排按影响力降序（同影响力按 doc 升序，结果确定）切块：
+    0 号块是影响力最高的那一段，``max_impact`` 随块号不增。常见词截断读取时按块号从小往大读，
+    先读到的就是贡献最大的倒排。
+
+块数据格式（落盘格式，改动等于换一种倒排布局，要重建全部倒排）::
+
+    1 字节  宽度 w（1、2 或 4：每个 doc 差值占几个字节）
+    4 字节  第一个 doc，uint32 小端
+    (count-1)·w 字节  相邻 doc 的差值 doc[i]-doc[i-1]，各 w 字节小端；w 取装得下最大差值的最小者
+    count 字节  标题词频
+    count 字节  正文词频
+    count 字节  长度字节（norm）
+
+块内按 doc 升序存，差值因此为正且通常很小：宽度为 1 时每条倒排只占 4 个字节。count 不单独存：数据长度
+``len = 5 + (count-1)·w + 3·count``，已知 w 时 ``count = (len - 5 + w) / (w + 3)`` 唯一确定，
+解码时校验整除。doc 必须在 [0, 2^32) 内（实际是知识库里压实后的分块序号，小于 2^31）。
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+BLOCK_SIZE = 128
+TF_MAX = 255
+
+_FREE_VALUES = 24  # Lucene 的 NUM_FREE_VALUES = 255 - longToInt4(Integer.MAX_VALUE)
+_MAX_LENGTH = 2**31 - 1  # Lucene 的长度是 int，更大的值按它计
+_HEADER = 5  # 宽度 1 字节 + 第一个 doc 4 字节
+_WIDTH_MASKS = np.array([0, 0xFF, 0xFFFF, 0, 0xFFFFFFFF], dtype=np.uint32)  # 按差值宽度取低几个字节
+
+
+def _byte4_to_int(codes: np.ndarray) -> np.ndarray:
+    """Lucene ``SmallFloat.byte4ToInt`` 的向量版：24 以下原样，以上是 24 + int4ToLong(code - 24)。"""
+    rel = codes - _FREE_VALUES
+    bits = rel & 0x07
+    shift = (rel >> 3) - 1
+    normal = (bits | 0x08) << np.maximum(shift, 0)
+    decoded = np.where(shift < 0, bits, normal) + _FREE_VALUES
+    return np.where(codes < _FREE_VALUES, codes, decoded)
+
+
+_NORM_INTS = _byte4_to_int(np.arange(256, dtype=np.int64))
+NORM_LENGTHS: np.ndarray = _NORM_INTS.astype(np.float64)
+NORM_LENGTHS.flags.writeable = False
+_NORM_INTS.flags.writeable = False
+
+
+def norm_bytes(lengths: np.ndarray) -> np.ndarray:
+    """长度量化成一个字节（Lucene ``SmallFloat.intToByte4``）；负数按 0 计。
+
+    intToByte4 是截断：编码就是解码值不超过长度的最大字节，而 ``NORM_LENGTHS`` 严格递增，
+    所以二分查找与 Lucene 的位运算逐值相同（测试里与逐位移植的版本对照）。
+    """
+    values = np.clip(np.asarray(lengths, dtype=np.int64), 0, _MAX_LENGTH).astype(np.float64)
+    return (np.searchsorted(NORM_LENGTHS, values, side="right") - 1).astype(np.uint8)
+
+
+def quantised_length(length: int) -> float:
+    """一个长度量化再解码后的值：打分实际用到的长度。"""
+    return float(NORM_LENGTHS[norm_bytes(np.array([length]))[0]])
+
+
+def capped_tf(tf: int) -> int:
+    """一个字节存得下的词频：负数按 0，超过 ``TF_MAX`` 的截断。"""
+    return min(max(tf, 0), TF_MAX)
+
+
+def _impact_table() -> np.ndarray:
+    """全部 (tfw, 长度字节) 组合的影响力：tfw = 2·标题 + 正文 ≤ 765，长度字节 256 种，一共不到 20 万个。
+
+    ``32767·tfw / (tfw + 0.9·(0.6 + 0.4·len/256))`` 上下同乘 25600 化成整数除法：浮点在恰好落在整数上的
+    分界处会差 1（例如 tfw=81、len=0 得 32549.99…），整数算法与 SQL 的 numeric 一样精确，且与平台无关。
+    先算成表再查：int64 除法没有向量指令，千万条倒排逐条除要几秒，查表是一次 gather。
+    """
+    tfw = np.arange(3 * TF_MAX + 1, dtype=np.int64)[:, None]
+    table = (32767 * 25600 * tfw) // (25600 * tfw + 13824 + 36 * _NORM_INTS[None, :])
+    return table.astype(np.int16).ravel()
+
+
+_IMPACTS = _impact_table()
+
+
+def impacts(title_tf: np.ndarray, body_tf: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """每条倒排的影响力（int16）：v1 SQL 的公式，k1=0.9、b=0.4、L=256 写死（理由见那个文件）。
+
+    只决定截断读取时先读谁，不参与打分；算在存下来的值上（词频截到 ``TF_MAX``、长度取解码值），
+    合并块时才能原样重算。
+    """
+    title = np.clip(np.asarray(title_tf), 0, TF_MAX).astype(np.int32)
+    body = np.clip(np.asarray(body_tf), 0, TF_MAX).astype(np.int32)
+    return _IMPACTS[(2 * title + body) * 256 + np.asarray(norms, dtype=np.uint8)]
+
+
+def _as_dtype(values: Any, dtype: type[np.integer[Any]], name: str) -> np.ndarray:
+    """按字段的类型收下数组；换类型时先查范围，免得 astype 悄悄回绕（比如 300 变成 44）。"""
+    array = np.asarray(values)
+    if array.dtype == dtype:
+        return array
+    if array.size and array.dtype.kind in "iub":
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise ValueError(f"{name} 超出 {np.dtype(dtype).name} 的范围")
+    elif array.size:
+        raise ValueError(f"{name} 必须是整数数组，实际是 {array.dtype}")
+    return array.astype(dtype)
+
+
+_FIELD_DTYPES: dict[str, type[np.integer[Any]]] = {
+    "terms": np.int32, "docs": np.int64, "title_tf": np.uint8, "body_tf": np.uint8, "norms": np.uint8}
+
+
+@dataclass(frozen=True)
+class Postings:
+    """一组倒排，拍平成等长数组，每条倒排各占一个下标：(词, doc, 标题词频, 正文词频, 长度字节)。
+
+    构造时把各数组转成字段注释里的类型（数据库读出的常是 int64）；值装不下就报错而不是回绕，
+    所以词频要先用 ``capped_tf`` 或 ``np.minimum(tf, TF_MAX)`` 截断，长度先用 ``norm_bytes`` 量化。
+    """
+
+    terms: np.ndarray  # int32
+    docs: np.ndarray  # int64
+    title_tf: np.ndarray  # uint8
+    body_tf: np.ndarray  # uint8
+    norms: np.ndarray  # uint8
+
+    def __post_init__(self) -> None:
+        for name, dtype in _FIELD_DTYPES.items():
+            object.__setattr__(self, name, _as_dtype(getattr(self, name), dtype, name))
+        if len({getattr(self, f.name).shape for f in fields(self)}) != 1 or self.terms.ndim != 1:
+            raise ValueError("Postings 的各数组必须是等长的一维数组")
+
+    @classmethod
+    def empty(cls) -> Postings:
+        return cls(*(np.empty(0, dtype) for dtype in _FIELD_DTYPES.values()))
+
+    @classmethod
+    def concat(cls, parts: Sequence[Postings]) -> Postings:
+        if not parts:
+            return cls.empty()
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    def __len__(self) -> int:
+        return int(self.terms.shape[0])
+
+    def _select(self, keep: np.ndarray) -> Postings:
+        return Postings(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+    def without_docs(self, docs: np.ndarray) -> Postings:
+        """去掉这些 doc 的倒排（删除或重建分块时，旧块里它们的倒排要剔除）。"""
+        return self._select(~np.isin(self.docs, docs))
+
+    def only_terms(self, terms: np.ndarray) -> Postings:
+        return self._select(np.isin(self.terms, terms))
+
+
+@dataclass(frozen=True)
+class Block:
+    """一个词的一块倒排：``number`` 是这个词在一次构建里的块号（0 号影响力最高），``data`` 见模块说明。"""
+
+    term: int
+    number: int
+    max_impact: int
+    count: int
+    data: bytes
+
+
+def _first_of_runs(values: np.ndarray) -> np.ndarray:
+    """有序数组里每一段相同值的起点下标。"""
+    return np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+
+
+def build_blocks(postings: Postings) -> list[Block]:
+    """把倒排打成块，按 (词, 块号) 排好。同一个 (词, doc) 出现两次是上游的错，直接报错。
+
+    三次整体排序，没有逐条倒排的 Python 循环：先按 (词, doc) 排并查重；再稳定地按 (词, 影响力降序)
+    排，同影响力自然保持 doc 升序，按这个顺序每 ``BLOCK_SIZE`` 条切一块；最后按 (块, doc) 排出块内顺序。
+    键都装得进 uint64：词减去最小值后不到 2^32，doc 与块序号也都不到 2^32；影响力非负，不到 2^15。
+    都用稳定排序（timsort）：输入常常已是按词或按块排好的（合并旧块时），有序段越长排得越快。
+    """
+    n = len(postings)
+    if n == 0:
+        return []
+    docs = postings.docs
+    if docs.min() < 0 or docs.max() >= 2**32:
+        raise ValueError("块里的 doc 必须在 [0, 2^32) 内")
+    # 排序键都拼成 uint64，排好的键本身就带着词、doc 与影响力：后面直接从键里拆，少做几次乱序 gather
+    # （千万级倒排时一次乱序 gather 要零点几秒，与排序本身同一量级）
+    low = int(postings.terms.min())
+    key = ((postings.terms.astype(np.int64) - low).astype(np.uint64) << np.uint64(32)) | docs.astype(np.uint64)
+    order = np.argsort(key, kind="stable")
+    key = key[order]  # (词, doc) 升序
+    if np.any(key[1:] == key[:-1]):
+        raise ValueError("同一个 (term, doc) 出现了不止一次")
+    in_term = key >> np.uint64(32)
+    docs = (key & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    imp = impacts(postings.title_tf, postings.body_tf, postings.norms)[order].astype(np.uint64)
+    key = (in_term << np.uint64(16)) | (np.uint64(32767) - imp)
+    del in_term, imp
+    perm = np.argsort(key, kind="stable")  # 稳定排序：同影响力保持上一步的 doc 升序
+    key, order, docs = key[perm], order[perm], docs[perm]
+    del perm
+
+    term_starts = _first_of_runs(key >> np.uint64(16))
+    rank = np.arange(n) - np.repeat(term_starts, np.diff(np.r_[term_starts, n]))  # 在本词里的名次
+    opens_block = rank % BLOCK_SIZE == 0
+    block_starts = np.flatnonzero(opens_block)
+    block_terms = ((key[block_starts] >> np.uint64(16)).astype(np.int64) + low).tolist()
+    block_numbers = (rank[block_starts] // BLOCK_SIZE).tolist()
+    block_max = (32767 - (key[block_starts] & np.uint64(0xFFFF)).astype(np.int64)).tolist()  # 每块第一条最高
+    # 块内按 doc 升序：块序号在这个顺序里不减，重排只发生在各块内部，块的起点不变
+    key = ((np.cumsum(opens_block) - 1).astype(np.uint64) << np.uint64(32)) | docs.astype(np.uint64)
+    del rank, opens_block
+    perm = np.argsort(key, kind="stable")
+    order, docs = order[perm], docs[perm]
+    del key, perm
+
+    counts = np.diff(np.r_[block_starts, n])
+    deltas = np.diff(docs, prepend=docs[0])
+    deltas[block_starts] = 0
+    widest = np.maximum.reduceat(deltas, block_starts)
+    width = np.where(widest < 2**8, 1, np.where(widest < 2**16, 2, 4))
+    sizes = _HEADER + (counts - 1) * width + 3 * counts
+    offsets = np.cumsum(sizes) - sizes
+    buf = np.zeros(int(sizes.sum()), dtype=np.uint8)
+    buf[offsets] = width
+    buf[offsets[:, None] + np.arange(1, 5)] = docs[block_starts].astype("<u4").view(np.uint8).reshape(-1, 4)
+
+    # 与解码一样，每块的量用 np.repeat 铺到各条倒排上，下标写成“块的基址 + 全局序号”
+    index = np.arange(n)
+    post_width = np.repeat(width, counts)
+    delta_at = np.repeat(offsets + _HEADER - (block_starts + 1) * width, counts) + index * post_width
+    delta_bytes = deltas.astype("<u4").view(np.uint8).reshape(-1, 4)
+    for w in (1, 2, 4):
+        chosen = np.flatnonzero(post_width == w)
+        chosen = chosen[deltas[chosen] > 0]  # 块首没有差值（块内 doc 严格递增，其余差值都大于 0）
+        for j in range(w):
+            buf[delta_at[chosen] + j] = delta_bytes[chosen, j]
+    tf_at = np.repeat(offsets + _HEADER + (counts - 1) * width - block_starts, counts) + index
+    post_count = np.repeat(counts, counts)
+    buf[tf_at] = postings.title_tf[order]
+    buf[tf_at + post_count] = postings.body_tf[order]
+    buf[tf_at + 2 * post_count] = postings.norms[order]
+
+    raw = buf.tobytes()
+    ends = (offsets + sizes).tolist()
+    return [Block(term, number, max_impact, count, raw[start:end])
+            for term, number, max_impact, count, start, end
+            in zip(block_terms, block_numbers, block_max, counts.tolist(), offsets.tolist(), ends, strict=True)]
+
+
+def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
+    """(词, 块数据) 解回拍平的倒排（块内按 doc 升序，块与块按传入顺序相接）。
+
+    所有块先拼成一个缓冲区，再对全部倒排一起做下标运算：逐块调用 numpy 的固定开销（每次几微秒）
+    在一次查询读几百块时会比解码本身还贵。
+    """
+    if not blocks:
+        return Postings.empty()
+    datas = [data for _, data in blocks]
+    lengths = np.fromiter((len(data) for data in datas), dtype=np.int64, count=len(datas))
+    # 末尾补 3 个零字节，下面按任意字节偏移读 uint32 时不会越界
+    buf = np.frombuffer(b"".join(datas) + bytes(3), dtype=np.uint8)
+    # 每个字节偏移处起算的小端 uint32（不对齐的视图，不复制）：差值与第一个 doc 都一次取完
+    words = np.ndarray((buf.size - 3,), dtype="<u4", buffer=buf, strides=(1,))
+    offsets = np.cumsum(lengths) - lengths
+    width = buf[offsets].astype(np.int64)
+    counts, rest = np.divmod(lengths - _HEADER + width, width + 3)
+    if np.any(lengths < _HEADER + 3) or np.any((width != 1) & (width != 2) & (width != 4)) or np.any(rest != 0):
+        raise ValueError("块数据损坏：宽度或长度不对")
+
+    # 每块的量用 np.repeat 铺到各条倒排上（比按块下标 gather 便宜），下标都写成“块的基址 + 全局序号”
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+    index = np.arange(total)
+    post_width = np.repeat(width, counts)
+    # 每条倒排的差值：从它的偏移读 4 字节再按宽度掩掉多读的部分；块首没有差值（读到的是块头），记 0
+    delta_at = np.repeat(offsets + _HEADER - (starts + 1) * width, counts) + index * post_width
+    deltas = (words[delta_at] & np.repeat(_WIDTH_MASKS[width], counts)).astype(np.int64)
+    deltas[starts] = 0
+    running = np.cumsum(deltas)
+    docs = running + np.repeat(words[offsets + 1].astype(np.int64) - running[starts], counts)
+
+    tf_at = np.repeat(offsets + _HEADER + (counts - 1) * width - starts, counts) + index
+    post_count = np.repeat(counts, counts)
+    terms = np.repeat(np.fromiter((term for term, _ in blocks), dtype=np.int32, count=len(blocks)), counts)
+    return Postings(terms, docs, buf[tf_at], buf[tf_at + post_count], buf[tf_at + 2 * post_count])
+
+
+def bm25_scores(postings: Postings, slots: Mapping[int, int], weights: Sequence[float], *,
+                k1: float, b: float, avgdl: float, title_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 打分内核：返回 (升序且不重复的 doc, 分数)，只含至少有一条倒排落在某个查询词位上的 doc。
+
+    ``slots`` 把词 id 映射到查询词位：前缀查询词覆盖很多词位，它们共用一个位，同一 doc 在这个位上的
+    加权词频先相加再饱和（与 ``raglib.bm25.chunk_score`` 一致）。``weights[slot]`` 已含 idf·qtf·(k1+1)。
+    长度用解码后的 ``NORM_LENGTHS[norm]``，同一 doc 的各条倒排相同。doc 可以是负数（还没压实的分块）。
+    """
+    empty = np.empty(0, np.int64), np.empty(0, np.float64)
+    if not slots or len(postings) == 0:
+        return empty
+    slot_terms = np.fromiter(slots.keys(), dtype=np.int64, count=len(slots))
+    slot_values = np.fromiter(slots.values(), dtype=np.int64, count=len(slots))
+    if slot_values.min() < 0 or slot_values.max() >= len(weights):
+        raise ValueError("词位必须在 [0, len(weights)) 内")
+    by_term = np.argsort(slot_terms)
+    slot_terms, slot_values = slot_terms[by_term], slot_values[by_term]
+    found = np.minimum(np.searchsorted(slot_terms, postings.terms), slot_terms.size - 1)
+    hit = np.flatnonzero(slot_terms[found] == postings.terms)
+    if hit.size == 0:
+        return empty
+    slot = slot_values[found[hit]]
+    docs = postings.docs[hit]
+
+    # 按 (doc, 词位) 排一次序，之后全是分段求和。两者拼成一个 int64 键（doc 可为负，先减去最小值），
+    # 比 lexsort 或两次 np.unique 快一倍；范围大到拼不下时才退回 lexsort
+    low, n_slots = int(docs.min()), int(slot.max()) + 1
+    if (int(docs.max()) - low + 1) * n_slots < 2**63:
+        order = np.argsort((docs - low) * n_slots + slot)
+    else:
+        order = np.lexsort((slot, docs))
+    docs, slot, hit = docs[order], slot[order], hit[order]
+    pair_starts = np.flatnonzero(np.r_[True, (docs[1:] != docs[:-1]) | (slot[1:] != slot[:-1])])
+    tfw = title_weight * postings.title_tf[hit].astype(np.float64) + postings.body_tf[hit]
+    tf = np.add.reduceat(tfw, pair_starts)
+    length = NORM_LENGTHS[postings.norms[hit[pair_starts]]]
+    denominator = tf + k1 * (1 - b) + k1 * b * length / max(avgdl, 1e-9)
+    # 分母为 0 只可能是 tf=0（且 b=1、长度 0）：这一项贡献 0，避免 0/0
+    part = np.asarray(weights, dtype=np.float64)[slot[pair_starts]] * tf / np.where(denominator > 0, denominator, 1.0)
+    pair_docs = docs[pair_starts]
+    doc_starts = _first_of_runs(pair_docs)
+    return pair_docs[doc_starts], np.add.reduceat(part, doc_starts)
+
+
+def top_docs(docs: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """分数降序、同分按 doc 升序的前 k 个（k 可以超过总数）。
+
+    先用 partition 找出第 k 高的分数，再把不低于它的全部候选（含边界上的同分者）精确排序后取前 k：
+    直接取 argpartition 的前 k 个会在边界同分时随意丢掉 doc 更小的那个，结果就不确定了。
+    """
+    docs, scores = np.asarray(docs, dtype=np.int64), np.asarray(scores, dtype=np.float64)
+    if k <= 0 or docs.size == 0:
+        return docs[:0], scores[:0]
+    candidates = np.arange(docs.size)
+    if k < docs.size:
+        threshold = np.partition(scores, docs.size - k)[docs.size - k]
+        candidates = np.flatnonzero(scores >= threshold)
+    best = candidates[np.lexsort((docs[candidates], -scores[candidates]))[:k]]
+    return docs[best], scores[best]

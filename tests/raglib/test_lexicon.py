@@ -1,0 +1,82 @@
+"""段的词典（raglib.lexicon）：词典块的编码往返、查找、罕见词内联，整个段的写出与读回。"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from raglib.lexicon import (
+    DICTIONARY_BLOCK_BYTES,
+    INLINE_MAX_BYTES,
+    Entry,
+    build_segment,
+    decode_dictionary_block,
+    encode_dictionary,
+    find,
+    read_segment,
+)
+from raglib.postings import BLOCK_SIZE, Postings
+
+LEXEMES = st.text(alphabet=st.sampled_from(list("abc肝功能乙高血压'é")), min_size=1, max_size=6)
+
+
+def _postings(rows: list[tuple[int, int, int, int, int]]) -> Postings:
+    terms, docs, title, body, norms = zip(*rows, strict=True) if rows else ((), (), (), (), ())
+    return Postings(np.array(terms, dtype=np.int32), np.array(docs, dtype=np.int64), np.array(title, dtype=np.uint8),
+                    np.array(body, dtype=np.uint8), np.array(norms, dtype=np.uint8))
+
+
+def _as_set(lexemes: list[str], postings: Postings) -> set[tuple[str, int, int, int, int]]:
+    return {(lexemes[t], d, a, b, n) for t, d, a, b, n in zip(postings.terms.tolist(), postings.docs.tolist(),
+                                                               postings.title_tf.tolist(), postings.body_tf.tolist(),
+                                                               postings.norms.tolist(), strict=True)}
+
+
+@given(st.lists(st.tuples(LEXEMES, st.integers(1, 10**6), st.one_of(st.none(), st.binary(min_size=8, max_size=90))),
+                unique_by=lambda x: x[0], max_size=300))
+def test_dictionary_blocks_round_trip_in_lexeme_order(raw: list[tuple[str, int, bytes | None]]) -> None:
+    entries = sorted((Entry(lexeme, df, inline) for lexeme, df, inline in raw), key=lambda e: e.lexeme)
+    blocks = encode_dictionary(entries)
+    decoded = [entry for _, data in blocks for entry in decode_dictionary_block(data)]
+    assert decoded == entries
+    # 每块以它的第一个词命名，块与块按词位有序：查找 = 取 first_lexeme ≤ 词的最后一块
+    assert [first for first, _ in blocks] == sorted(first for first, _ in blocks)
+    for first, data in blocks:
+        assert decode_dictionary_block(data)[0].lexeme == first
+        # 单个词超过目标大小时一块只放它一个；否则块不超过目标大小
+        assert len(data) <= DICTIONARY_BLOCK_BYTES + 16 or len(decode_dictionary_block(data)) == 1
+    for entry in entries:
+        block = max((b for b in blocks if b[0] <= entry.lexeme), key=lambda b: b[0])
+        assert find(decode_dictionary_block(block[1]), entry.lexeme) == entry
+    assert all(find(decode_dictionary_block(data), "\U0010ffff") is None for _, data in blocks)
+
+
+@hsettings(max_examples=50)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400), st.integers(0, 3), st.integers(0, 9),
+                          st.integers(0, 255)), unique_by=lambda r: (r[0], r[1]), max_size=600))
+def test_a_segment_reads_back_its_postings(rows: list[tuple[int, int, int, int, int]]) -> None:
+    lexemes = sorted({f"词{t:02d}" for t in range(31)})
+    postings = _postings(rows)
+    segment = build_segment(lexemes, postings)
+    read_lexemes, read_postings = read_segment([data for _, data in segment.dictionary],
+                                               [(lexeme, data) for lexeme, _, data in segment.blocks])
+    assert _as_set(read_lexemes, read_postings) == _as_set(lexemes, postings)
+    entries = [entry for _, data in segment.dictionary for entry in decode_dictionary_block(data)]
+    counts = np.bincount(postings.terms, minlength=len(lexemes)) if rows else np.zeros(len(lexemes), int)
+    assert {e.lexeme: e.df for e in entries} == {lexemes[t]: int(c) for t, c in enumerate(counts) if c}
+    for entry in entries:
+        if entry.inline is not None:
+            assert len(entry.inline) <= INLINE_MAX_BYTES and entry.df <= BLOCK_SIZE
+        else:
+            assert len([b for b in segment.blocks if b[0] == entry.lexeme]) == entry.blocks
+
+
+def test_rare_terms_are_inlined_and_common_terms_get_blocks() -> None:
+    rows = [(0, doc, 0, 1, 10) for doc in range(300)] + [(1, 7, 1, 0, 10)]
+    segment = build_segment(["common", "rare"], _postings(rows))
+    entries = {e.lexeme: e for _, data in segment.dictionary for e in decode_dictionary_block(data)}
+    assert entries["rare"].inline is not None and entries["rare"].df == 1
+    assert entries["common"].inline is None and entries["common"].blocks == 3
+    assert sorted((lexeme, number) for lexeme, number, _ in segment.blocks) == [("common", n) for n in range(3)]
