@@ -1,11 +1,11 @@
-"""整库清理的耗时：逐行经触发器维护倒排（改动前）与先整段删掉统计和倒排（``search.bm25.statistics_drop``）并排。
+"""整库清理的耗时：逐批删分块、触发器逐个记进删除集，与先整段删掉全文的段和统计行（``search.segments.drop``）并排。
 
     .venv/bin/python bench/cleanup_scale.py                   # 源库默认是 fulltext_scale.py --grow 留下的 1 万分块库
     .venv/bin/python bench/cleanup_scale.py --source NAME
 
-把源库复制两份（各自按分块重算统计），一份按改动前的做法逐批删分块（统计行在，触发器逐行删倒排、更新 df），
-一份按现在的清理顺序：``statistics_drop`` 之后逐批删分块；批大小取 ``RAG_CLEANUP_BATCH_SIZE``，都用
-``ops.cleanup.delete_batch``（与清理任务同一个函数）。最后核对两份都没有留下统计与倒排。
+把源库复制两份（各自按分块建全文索引），一份不先删全文数据、逐批删分块（统计行在，触发器把每个分块记进删除集），
+一份按现在的清理顺序：``segments.drop`` 之后逐批删分块；批大小取 ``RAG_CLEANUP_BATCH_SIZE``，都用
+``ops.cleanup.delete_batch``（与清理任务同一个函数）。最后核对两份都没有留下全文数据。
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django.db import connection, transaction  # noqa: E402
 from bench.fulltext_scale import _copy_rows, _kb, _without_triggers  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from ops.cleanup import delete_batch  # noqa: E402
-from search import bm25  # noqa: E402
+from search import segments  # noqa: E402
 
 
 def _delete_all(kb: KnowledgeBase) -> int:
@@ -37,10 +37,12 @@ def _delete_all(kb: KnowledgeBase) -> int:
 
 def _leftovers(kb: KnowledgeBase) -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT (SELECT count(*) FROM fulltext_postings WHERE knowledge_base_id = %s)"
-                       " + (SELECT count(*) FROM fulltext_term_stats WHERE knowledge_base_id = %s)"
-                       " + (SELECT count(*) FROM fulltext_kb_stats WHERE knowledge_base_id = %s)",
-                       [kb.id, kb.id, kb.id])
+        cursor.execute("SELECT (SELECT count(*) FROM fulltext_kb_stats WHERE knowledge_base_id = %s)"
+                       " + (SELECT count(*) FROM fulltext_l0 WHERE knowledge_base_id = %s)"
+                       " + (SELECT count(*) FROM fulltext_docs WHERE knowledge_base_id = %s)"
+                       " + (SELECT count(*) FROM fulltext_deleted WHERE knowledge_base_id = %s)"
+                       " + (SELECT count(*) FROM fulltext_segments WHERE knowledge_base_id = %s)",
+                       [kb.id] * 5)
         return int(cursor.fetchone()[0])
 
 
@@ -50,26 +52,26 @@ def main() -> None:
     args = parser.parse_args()
     source = KnowledgeBase.objects.get(name=args.source)
     copies = {}
-    for number, name in enumerate(("per-row", "drop-first"), start=1):
+    for number, name in enumerate(("in-place", "drop-first"), start=1):
         kb = copies[name] = _kb(f"bench-cleanup-{name}")
         with _without_triggers() as cursor:
             _copy_rows(cursor, source, kb, 200 + number, documents="TRUE", vectors=False)
-        bm25.rebuild_statistics(kb.id)
+        segments.rebuild(kb.id)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM document_chunks WHERE knowledge_base_id = %s", [copies["per-row"].id])
+        cursor.execute("SELECT count(*) FROM document_chunks WHERE knowledge_base_id = %s", [copies["in-place"].id])
         chunks = cursor.fetchone()[0]
-        cursor.execute("SELECT count(*) FROM fulltext_postings WHERE knowledge_base_id = %s", [copies["per-row"].id])
-        postings = cursor.fetchone()[0]
-    print(f"每份 {chunks:,} 个分块、{postings:,} 行倒排，批大小 {settings.CLEANUP_BATCH_SIZE}", flush=True)
+        cursor.execute("SELECT count(*) FROM fulltext_segments WHERE knowledge_base_id = %s", [copies["in-place"].id])
+        parts = cursor.fetchone()[0]
+    print(f"每份 {chunks:,} 个分块、{parts} 个段，批大小 {settings.CLEANUP_BATCH_SIZE}", flush=True)
     for name, kb in copies.items():
         started = time.perf_counter()
-        dropped = bm25.statistics_drop(kb.id) if name == "drop-first" else 0
+        dropped = segments.drop(kb.id) if name == "drop-first" else 0
         first = time.perf_counter() - started
         batches = _delete_all(kb)
-        bm25.statistics_drop(kb.id)
+        segments.drop(kb.id)
         seconds = time.perf_counter() - started
-        print(f"  {name:<11} {seconds:7.1f} s（先删倒排 {dropped:,} 行 {first:.1f} s，再删分块 {batches} 批），"
-              f"剩余统计/倒排行 {_leftovers(kb)}", flush=True)
+        print(f"  {name:<11} {seconds:7.1f} s（先删段 {dropped} 个 {first:.1f} s，再删分块 {batches} 批），"
+              f"剩余全文行 {_leftovers(kb)}", flush=True)
         kb.delete()
 
 

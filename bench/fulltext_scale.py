@@ -8,7 +8,7 @@
 夹少量英文词与数字，每块 80~400 字；向量是围绕 64 个簇中心的单位向量（384 维）。一张表里先放三个知识库：
 占 10%、1% 的两个目标库和其余的填充库；测完后把全部行划给一个知识库，再测“目标库占 100%”。
 
-批量写入绕过触发器（``session_replication_role = replica``，整批 COPY），写完再用 ``search.bm25.rebuild_statistics``
+批量写入绕过触发器（``session_replication_role = replica``，整批 COPY），写完再用 ``search.segments.rebuild``
 （测试里核对过它与触发器逐条维护的结果完全相同）一次性重算统计与倒排表：先去掉倒排表主键、插完再排序建索引，
 比一亿行逐条插入 B 树快一个量级。服务里的写入仍走触发器；这里只为在一台 2 核机器上装得下 1M 行。
 
@@ -54,7 +54,7 @@ from documents.filters import SearchFilters  # noqa: E402
 from documents.models import Document  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from raglib.analysis import document_terms, parse_query  # noqa: E402
-from search import bm25, services  # noqa: E402
+from search import segments, services  # noqa: E402
 from search.ann import kb_index_build  # noqa: E402
 from search.retrieval import fulltext_search  # noqa: E402
 
@@ -160,15 +160,10 @@ def load(kb: KnowledgeBase, seeds: range, vectors: bool, pool: WorkerPool) -> fl
 
 
 def build_statistics(kbs: list[KnowledgeBase]) -> float:
-    """按分块一次性重算这些知识库的统计与倒排表（倒排表主键先去掉、最后排序重建）；返回耗时（秒）。"""
+    """按分块一次性建起这些知识库的全文索引（``search.segments.rebuild``：放进 L0、合并成段）；返回耗时（秒）。"""
     started = time.perf_counter()
-    with connection.cursor() as cursor:
-        cursor.execute("SET maintenance_work_mem = '1GB'")
-        cursor.execute("ALTER TABLE fulltext_postings DROP CONSTRAINT fulltext_postings_pkey")
-        for kb in kbs:
-            bm25.rebuild_statistics(kb.id)
-        cursor.execute("ALTER TABLE fulltext_postings ADD PRIMARY KEY (knowledge_base_id, lexeme, impact, chunk_id)"
-                       " INCLUDE (title_tf, body_tf, length)")
+    for kb in kbs:
+        segments.rebuild(kb.id)
     _vacuum()
     return time.perf_counter() - started
 
@@ -180,7 +175,7 @@ def _vacuum() -> None:
     由 autovacuum 按插入量清理（迁移 ``search.0003`` 把倒排表的插入阈值调低了）。
     """
     with connection.cursor() as cursor:
-        for table in ("fulltext_postings", "document_chunks", "documents", "fulltext_term_stats"):
+        for table in ("fulltext_blocks", "fulltext_dictionary", "fulltext_docs", "document_chunks", "documents"):
             cursor.execute(f"VACUUM (ANALYZE) {table}")
 
 
@@ -189,7 +184,7 @@ def drop(kbs: list[KnowledgeBase]) -> None:
     with _without_triggers() as cursor:
         cursor.execute("DELETE FROM document_chunks WHERE knowledge_base_id = ANY(%s)", [[kb.id for kb in kbs]])
     for kb in kbs:
-        bm25.statistics_drop(kb.id)
+        segments.drop(kb.id)
         kb.delete()
 
 
@@ -235,9 +230,8 @@ def _copy_rows(cursor: Any, source: KnowledgeBase, target: KnowledgeBase, copy: 
 def grow_large(source: KnowledgeBase, copies: int) -> KnowledgeBase:
     """由保留的 100k 库复制 ``copies`` 份组成大库，把表扩到 1M 级（原库约占 9%）。
 
-    大库的倒排、df 与长度统计直接由原库的乘出来（每段文本出现 ``copies`` 次，df 与倒排长度都是原来的 ``copies``
-    倍——同一词表上 10 倍语料的形状），不必对两亿多行 tsvector 重新展开。大库不复制向量：它自己的 HNSW 图在这台
-    机器上要建四十分钟以上（见“向量路随规模”），所以大库只测全文路。
+    每段文本出现 ``copies`` 次（同一词表上 10 倍语料的形状），全文索引按分块建（放进 L0、合并成段）。
+    大库不复制向量：它自己的 HNSW 图在这台机器上要建四十分钟以上（见“向量路随规模”），所以大库只测全文路。
     """
     large = _kb("bench-fulltext-1m")
     started = time.perf_counter()
@@ -256,36 +250,18 @@ def grow_large(source: KnowledgeBase, copies: int) -> KnowledgeBase:
         cursor.execute(gin)
     print(f"  重建 GIN {time.perf_counter() - started:.0f} s", flush=True)
     started = time.perf_counter()
-    with connection.cursor() as cursor:
-        cursor.execute("SET maintenance_work_mem = '4GB'")
-        cursor.execute("ALTER TABLE fulltext_postings DROP CONSTRAINT fulltext_postings_pkey")
-        cursor.execute(
-            "INSERT INTO fulltext_postings (knowledge_base_id, lexeme, impact, chunk_id, title_tf, body_tf, length)"
-            " SELECT %s, p.lexeme, p.impact, p.chunk_id + n * %s, p.title_tf, p.body_tf, p.length"
-            " FROM fulltext_postings p, generate_series(1, %s) n WHERE p.knowledge_base_id = %s",
-            [large.id, _COPY_OFFSET, copies, source.id])
-        cursor.execute("INSERT INTO fulltext_term_stats (knowledge_base_id, lexeme, df)"
-                       " SELECT %s, lexeme, df * %s FROM fulltext_term_stats WHERE knowledge_base_id = %s",
-                       [large.id, copies, source.id])
-        cursor.execute("INSERT INTO fulltext_kb_stats (knowledge_base_id, chunk_count, total_length)"
-                       " SELECT %s, chunk_count * %s, total_length * %s FROM fulltext_kb_stats"
-                       " WHERE knowledge_base_id = %s", [large.id, copies, copies, source.id])
-        print(f"  倒排行写入 {time.perf_counter() - started:.0f} s", flush=True)
-        cursor.execute("ALTER TABLE fulltext_postings ADD PRIMARY KEY (knowledge_base_id, lexeme, impact, chunk_id)"
-                       " INCLUDE (title_tf, body_tf, length)")
-    _vacuum()
-    print(f"  统计、倒排表与 VACUUM {time.perf_counter() - started:.0f} s；{_sizes()}", flush=True)
+    build_statistics([large])
+    print(f"  全文索引（L0 + 合并成段）与 VACUUM {time.perf_counter() - started:.0f} s；{_sizes()}", flush=True)
     return large
 
 
 def grow_small(source: KnowledgeBase) -> KnowledgeBase:
-    """原库前 20 篇文档（1 万分块，含向量）复制成小库，约占 1M 行的 1%；统计用 ``rebuild_statistics`` 按分块重算。"""
+    """原库前 20 篇文档（1 万分块，含向量）复制成小库，约占 1M 行的 1%；全文索引按分块建。"""
     small = _kb("bench-fulltext-10k")
     first_documents = "filename IN (" + ", ".join(f"'doc-{n}.txt'" for n in range(20)) + ")"
     with _without_triggers() as cursor:
         _copy_rows(cursor, source, small, _SMALL_COPY, documents=first_documents, vectors=True)
-    bm25.rebuild_statistics(small.id)
-    _vacuum()
+    build_statistics([small])
     return small
 
 
@@ -313,12 +289,14 @@ def _percentiles(values: list[float]) -> str:
 
 
 def prewarm(kb: KnowledgeBase) -> None:
-    """仅索引扫描把知识库那一段倒排主键读一遍：BM25 的查询只读这个索引（外加候选分块的回表）。"""
+    """把知识库的词典块与倒排块读一遍（进操作系统缓存）：BM25 的查询只读它们（外加候选分块的回表）。"""
     started = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM fulltext_postings WHERE knowledge_base_id = %s", [kb.id])
-        rows = cursor.fetchone()[0]
-    print(f"  预读倒排 {rows:,} 行，{time.perf_counter() - started:.0f} s", flush=True)
+        cursor.execute("SELECT sum(length(data)) FROM (SELECT data FROM fulltext_blocks WHERE knowledge_base_id = %s"
+                       " UNION ALL SELECT data FROM fulltext_dictionary WHERE knowledge_base_id = %s) x",
+                       [kb.id, kb.id])
+        size = cursor.fetchone()[0] or 0
+    print(f"  预读倒排 {size / 2**20:,.0f} MB，{time.perf_counter() - started:.0f} s", flush=True)
 
 
 def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
@@ -382,10 +360,10 @@ def _kb(name: str) -> KnowledgeBase:
 def _sizes() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('document_chunks')),"
-                       " pg_size_pretty(pg_total_relation_size('fulltext_postings')),"
-                       " pg_size_pretty(pg_total_relation_size('fulltext_term_stats'))")
-        chunks, postings, terms = cursor.fetchone()
-    return f"document_chunks {chunks}, fulltext_postings {postings}, fulltext_term_stats {terms}"
+                       " pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_class c"
+                       " WHERE c.relkind = 'r' AND starts_with(c.relname, 'fulltext_')")
+        chunks, fulltext = cursor.fetchone()
+    return f"document_chunks {chunks}, 全文引擎的表 {fulltext}"
 
 
 def main() -> None:

@@ -382,6 +382,9 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         )
 
 
+# 全文 L0 的合并由任务层执行（``ops.tasks.compact_fulltext``，它调用 search 的引擎）；这里按名字入队，不导入上层
+FULLTEXT_COMPACT_TASK_FUNC = "ops.tasks.compact_fulltext"
+
 _COPY_SQL = (
     "COPY document_chunks (id, knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding, "
     "embedding_dim, role, parent_id, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN"
@@ -401,6 +404,25 @@ def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         with cursor.cursor.copy(_COPY_SQL) as copy:
             for row in build_rows(run, parsed, drafts, vectors, ids):
                 copy.write_row(row)
+    _count_for_compaction(run.kb.pk, len(drafts))
+
+
+# 本进程写进各知识库、还没为之排过合并的分块数（见 _count_for_compaction）
+_unmerged_chunks: dict[Any, int] = {}
+
+
+def _count_for_compaction(kb_id: Any, chunks: int) -> None:
+    """新分块由触发器记进全文引擎的 L0。本进程为一个知识库写够 ``RAG_FULLTEXT_L0_MAX_CHUNKS`` 个分块就（在提交后）
+    排一次合并任务，由任务判断 L0 是否真的攒够了；不够的交给每分钟的定时任务。
+
+    按进程计数而不是每次写入都排：批量写入一千个条目就是一千次提交，每次排一个任务会塞满快队列。
+    """
+    count = _unmerged_chunks.get(kb_id, 0) + chunks
+    if count < settings.FULLTEXT_L0_MAX_CHUNKS:
+        _unmerged_chunks[kb_id] = count
+        return
+    _unmerged_chunks.pop(kb_id, None)
+    enqueue(FULLTEXT_COMPACT_TASK_FUNC, str(kb_id), due_only=True, cluster=settings.FAST_QUEUE)
 
 
 def lock_knowledge_base_for_write(kb: KnowledgeBase) -> KnowledgeBase:

@@ -35,7 +35,7 @@ from infra.locks import advisory_lock
 from infra.retry import backoff_seconds, database_ready, schedule_task
 from knowledge.models import CleanupTask
 from knowledge.services import CLEANUP_TASK_FUNC, cleanup_q_options
-from search import bm25
+from search import segments
 
 logger = structlog.get_logger(__name__)
 
@@ -148,8 +148,8 @@ def _execute(task: CleanupTask) -> None:
         task.total = _remaining(kb_id)
         CleanupTask.objects.filter(pk=task.pk).update(total=task.total, updated_at=timezone.now())
         logger.info("cleanup_counted", total=task.total)
-    # 先整段删掉 BM25 统计与倒排：之后删分块时触发器跳过这个知识库，不再逐行维护倒排
-    bm25.statistics_drop(kb_id)
+    # 先整段删掉全文的段与统计行：之后删分块时触发器跳过这个知识库，不再逐个查找它的全文数据
+    segments.drop(kb_id)
     pause = settings.CLEANUP_BATCH_PAUSE_MS / 1000
     while True:
         with transaction.atomic():
@@ -164,7 +164,7 @@ def _execute(task: CleanupTask) -> None:
         if pause:
             time.sleep(pause)
     # 清理期间才提交的摄取会重新建起统计行（它的分块已在上面删掉）：再清一次，不留下计数为 0 的统计
-    bm25.statistics_drop(kb_id)
+    segments.drop(kb_id)
     files_remove(kb_id)
     with transaction.atomic():
         task = CleanupTask.objects.select_for_update().get(pk=task.pk)

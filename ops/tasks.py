@@ -1,6 +1,7 @@
 """后台任务入口（django-q2 按名字调用，只接收 id，可重复执行）与周期任务。
 
 - 知识库清理 ``run_cleanup``（执行过程见 ``ops.cleanup``）与知识库 HNSW 索引同步 ``sync_vector_indexes``；
+- 全文引擎的 L0 合并成段 ``compact_fulltext``（写入后按知识库入队，另有每分钟的定时任务）；
 - 回收孤儿任务：
 
 worker 被 SIGKILL、机器重启、入队前进程崩溃，都可能留下“状态是 pending/running、却没有人在做”
@@ -37,6 +38,7 @@ from infra.retry import database_ready
 from knowledge.models import CleanupTask
 from knowledge.services import CLEANUP_TASK_FUNC, cleanup_q_options
 from ops.cleanup import cleanup_run, lock_key
+from search import segments
 from search.ann import kb_indexes_sync
 from search.relevance import relevance_refresh
 
@@ -50,6 +52,8 @@ VECTOR_INDEX_TASK_FUNC = "ops.tasks.sync_vector_indexes"
 # 相关概率模型的定时检查（迁移 ops.0005 建立，每 10 分钟一次）
 RELEVANCE_SCHEDULE = "search.refresh_relevance_profiles"
 RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
+# 全文 L0 的定时合并（迁移 ops.0006 建立，每分钟一次，快队列）
+FULLTEXT_COMPACT_SCHEDULE = "search.compact_fulltext"
 # 按维护任务上限（RAG_MAINTENANCE_TIMEOUT）计时的调度：名字 → 任务函数
 MAINTENANCE_SCHEDULES = {VECTOR_INDEX_SCHEDULE: VECTOR_INDEX_TASK_FUNC, RELEVANCE_SCHEDULE: RELEVANCE_TASK_FUNC}
 
@@ -74,6 +78,17 @@ def refresh_relevance_profiles() -> None:
         fitted = relevance_refresh()
         if fitted:
             logger.info("relevance_profiles_refreshed", knowledge_bases=[str(kb.id) for kb in fitted])
+
+
+def compact_fulltext(kb_id: str | None = None, due_only: bool = False, request_id: str | None = None) -> None:
+    """把全文引擎的 L0 合并成段（``search.segments``）：定时任务每分钟合并所有知识库的；写入分块后按知识库
+    入队的（``due_only``）只在 L0 攒够 ``RAG_FULLTEXT_L0_MAX_CHUNKS`` 时合并。幂等；同一知识库正在合并就跳过。"""
+    with task_context("fulltext_compact", request_id, kb_id=kb_id):
+        done = segments.compact_due(kb_id=uuid.UUID(kb_id) if kb_id else None,
+                                    min_chunks=settings.FULLTEXT_L0_MAX_CHUNKS if due_only else 1)
+        for kb, result in done.items():
+            logger.info("fulltext_compacted", kb_id=str(kb), chunks=result.chunks, segments=result.segments,
+                        merged=result.merged, purged=result.purged)
 
 
 def maintenance_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: Any) -> None:

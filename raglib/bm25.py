@@ -122,7 +122,7 @@ def allot_postings(terms: Sequence[ScoredTerm], budget: int) -> list[TermRead]:
     return reads
 
 
-def chunk_score(terms: Sequence[ScoredTerm], counts: Mapping[str, tuple[int, int]], length: int,
+def chunk_score(terms: Sequence[ScoredTerm], counts: Mapping[str, tuple[int, int]], length: float,
                 params: Bm25Params, avgdl: float) -> float:
     """一个分块的完整 BM25 分（不截断倒排）：``counts`` 是分块里各词位的 (标题次数, 正文次数)，``length`` 是词数。
 

@@ -392,6 +392,14 @@ BM25_MAX_POSTINGS = env_int(
     "RAG_BM25_MAX_POSTINGS", 20000,
     "BM25 一次最多读的倒排行数：稀有词整条读，常见词平分剩余额度、只读影响力最高的一段，保证工作量有界",
     minimum=1)
+FULLTEXT_COMPACT_BATCH = env_int(
+    "RAG_FULLTEXT_COMPACT_BATCH", 20000,
+    "全文合并一次把多少个 L0 分块编成一个段（一个事务）：越大段越少、合并时占内存越多（每 1 万个分块约 100 MB）",
+    minimum=100)
+FULLTEXT_L0_MAX_CHUNKS = env_int(
+    "RAG_FULLTEXT_L0_MAX_CHUNKS", 2000,
+    "知识库新写入、还没合并成段的分块（L0）达到这个数就立即排一次合并；不到的由每分钟的定时任务合并",
+    minimum=1)
 EXACT_SEARCH_MAX_CHUNKS = env_int(
     "RAG_EXACT_SEARCH_MAX_CHUNKS", 20000,
     "知识库可检索分块不超过此数时向量检索走精确扫描（召回 100%），更大的走 HNSW 迭代扫描", minimum=0)

@@ -1,170 +1,160 @@
-"""PostgreSQL 里的 BM25：全文引擎的 PostgreSQL 实现（:class:`PostgresFulltextEngine`），以及它的统计与倒排表的
-读取、打分、核对与重建。接口与 SQL 文件的布局见 :mod:`search.fulltext`，打分公式与纯函数见 :mod:`raglib.bm25`。
+"""PostgreSQL 里的 BM25：全文引擎的 PostgreSQL 实现（:class:`PostgresFulltextEngine`）的读侧——统计、打分与检索。
+接口与 SQL 文件的布局见 :mod:`search.fulltext`，写侧（L0 合并成段、并段、删除、重建、核对）见 :mod:`search.segments`，
+打分公式与纯函数见 :mod:`raglib.bm25`、:mod:`raglib.postings`。
 
 - ``tf_t``：词 t 在分块里的加权次数：正文出现一次记 1，标题部分（文件名、文档标题、标题路径）记
-  ``RAG_BM25_TITLE_WEIGHT``；倒排表 ``fulltext_postings`` 分别存标题与正文的次数，权重在查询时才乘，改权重不用重建；
-- ``dl``：分块的词数（``document_chunks.search_length``，倒排表里冗余一份）；``N``、``avgdl``、``df_t``：
-  ``fulltext_kb_stats`` 与 ``fulltext_term_stats``。三张表都由触发器在让分块可见/消失的同一事务里维护
-  （``search/sql/fulltext_stats_maintain.v1.sql``），永远与分块一致。
+  ``RAG_BM25_TITLE_WEIGHT``；倒排分别存标题与正文的次数（各一个字节），权重在查询时才乘，改权重不用重建；
+- ``dl``：分块的词数，倒排里存成一个字节（Lucene 的 SmallFloat 量化），打分用量化后的值；
+- ``N``、``avgdl``、``df_t``：段里的（统计行与各段词典）+ L0 的 - 删除集的，在同一个快照里读出，
+  所以永远与分块一致，写入也不必更新任何共享的行。
 
-工作量有界：一个查询最多读 ``RAG_BM25_MAX_POSTINGS`` 行倒排，由 :func:`raglib.bm25.allot_postings`
-分给各个查询词——稀有词整条读完，常见词平分剩下的额度。倒排表里同一词位的行按影响力（词频饱和项，
-``search/sql/fulltext_impact.v1.sql``）从高到低存放，常见词只读贡献最大的那一段：1M 分块的知识库里一个常见 bigram
-有几十万行，读前几千行就够排出前几名，被截掉的行对分数的贡献既小（IDF 低）又是同一词里最小的。
+一次查询（都在一个 REPEATABLE READ 只读事务里，合并在中途提交也看不到半个段）：
+
+1. 统计行与 L0、删除集的计数；各段词典里查询词所在的词典块（每段每词一个，前缀词是一段）；
+2. L0 里含查询词的分块的词频（GIN 索引），删除集的序号；
+3. 由 df 算 IDF，按 :func:`raglib.bm25.allot_postings` 把 ``RAG_BM25_MAX_POSTINGS`` 条的读取额度分给各词：
+   稀有词整条读（多半已内联在词典里），常见词只读影响力最高的几块；
+4. 在服务里用 numpy 解码、打分（:func:`raglib.postings.bm25_scores`），去掉删除集，取前若干名换成分块 id，
+   再回表检查检索范围（状态、过滤条件）。
+
 各词的 df 之和不超过额度时（小知识库、具体的问题）结果与全量打分完全相同。
-
-``statistics_drop``、``rebuild_statistics``、``statistics_mismatches`` 也是模块级函数：整库清理（``ops.cleanup``）
-与基准脚本直接调用它们；引擎的 ``delete``、``rebuild``、``verify`` 就是它们。
 """
 
 from __future__ import annotations
 
 import json
+import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
 from infra.routers import search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms
-from raglib.bm25 import Bm25Params, allot_postings, chunk_score, coverage, max_score, score_terms
+from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
+from raglib.lexicon import Entry, decode_dictionary_block
+from raglib.postings import (
+    BLOCK_SIZE,
+    Postings,
+    bm25_scores,
+    capped_tf,
+    decode_blocks,
+    impacts,
+    norm_bytes,
+    quantised_length,
+)
+from search import segments
 from search.fulltext import Bm25Statistics, ChunkScope, FulltextHits, PathHit
 
-# 只统计可检索的分块；与触发器里的条件一致
-_SEARCHABLE = "role <> 'parent'"
+# 前缀词的范围上界：以它开头的词位都小于“它 + 最大码点”
+_PREFIX_END = "\U0010ffff"
 
 
-# ---------------------------------------------------------------- 统计：读取、重算、核对
+# ---------------------------------------------------------------- 一个快照里的统计与候选
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """一次查询在一个快照里读到的东西：统计，各查询词在各段词典里的条目，L0 里的词频，删除集的序号。"""
+
+    statistics: Bm25Statistics
+    # (词位, 前缀?) → [(段号, 词典条目)]；前缀词是以它开头的全部条目
+    entries: dict[tuple[str, bool], list[tuple[int, Entry]]]
+    # L0 里含查询词的 (分块 id, 词数, 词位, 标题词频, 正文词频)
+    l0: list[tuple[int, int, str, int, int]]
+    deleted: np.ndarray
+
+
+@contextmanager
+def _snapshot_cursor() -> Iterator[Any]:
+    """检索连接上的一个 REPEATABLE READ 只读事务：统计、词典与倒排出自同一个快照，合并在中途提交也看不到半个段。
+    已在外层事务里时（测试、调用方自己开的事务）沿用外层的快照。"""
+    conn = search_connection()
+    outer = conn.in_atomic_block
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        if not outer:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield cursor
+
+
+def _matches(lexeme: str, key: tuple[str, bool]) -> bool:
+    return lexeme.startswith(key[0]) if key[1] else lexeme == key[0]
+
+
+def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> _Snapshot:
+    keys = list(dict.fromkeys((t.lexeme, t.prefix) for t in terms))
+    exact = [lexeme for lexeme, prefix in keys if not prefix]
+    prefixes = [lexeme for lexeme, prefix in keys if prefix]
+    cursor.execute(
+        "SELECT s.chunk_count, s.total_length,"
+        " (SELECT count(*) FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id),"
+        " (SELECT coalesce(sum(length), 0) FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id),"
+        " (SELECT count(*) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id),"
+        " (SELECT coalesce(sum(length), 0) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id)"
+        " FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s", [kb_id])
+    row = cursor.fetchone()
+    if row is None:
+        return _Snapshot(Bm25Statistics(0, 0.0, {}), {}, [], np.zeros(0, dtype=np.int64))
+    n = int(row[0]) + int(row[2]) - int(row[4])
+    total = int(row[1]) + int(row[3]) - int(row[5])
+    # 各段里查询词所在的词典块：精确词取 first_lexeme ≤ 它的最后一块；前缀词再加上首词落在它范围里的各块。
+    # UNION 去重：几个查询词常落在同一块里
+    cursor.execute(
+        "SELECT s.segment_id, d.first_lexeme, d.data FROM fulltext_segments s"
+        " CROSS JOIN unnest(%s::text[]) q(lexeme) CROSS JOIN LATERAL (SELECT first_lexeme, data"
+        "  FROM fulltext_dictionary d WHERE d.knowledge_base_id = s.knowledge_base_id AND d.segment_id = s.segment_id"
+        "  AND d.first_lexeme <= q.lexeme ORDER BY d.first_lexeme DESC LIMIT 1) d"
+        " WHERE s.knowledge_base_id = %s"
+        " UNION SELECT d.segment_id, d.first_lexeme, d.data FROM fulltext_dictionary d, unnest(%s::text[]) p(low)"
+        "  WHERE d.knowledge_base_id = %s AND d.first_lexeme > p.low AND d.first_lexeme < p.low || %s",
+        [exact + prefixes, kb_id, prefixes, kb_id, _PREFIX_END],
+    )
+    entries: dict[tuple[str, bool], list[tuple[int, Entry]]] = {key: [] for key in keys}
+    for segment_id, _, data in cursor.fetchall():
+        for entry in decode_dictionary_block(bytes(data)):
+            for key in keys:
+                if _matches(entry.lexeme, key):
+                    entries[key].append((int(segment_id), entry))
+    # L0：GIN 找含某个精确词的行；有前缀词时 L0 整个读（它只有几百到几千行）
+    cursor.execute(
+        "SELECT l.chunk_id, l.length, u.lexeme, u.title_tf, u.body_tf FROM fulltext_l0 l"
+        " CROSS JOIN LATERAL unnest(l.lexemes, l.title_tf, l.body_tf) AS u(lexeme, title_tf, body_tf)"
+        " WHERE l.knowledge_base_id = %s AND (l.lexemes && %s::text[] OR %s)"
+        " AND (u.lexeme = ANY(%s::text[])"
+        " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(u.lexeme, p)))",
+        [kb_id, exact, bool(prefixes), exact, prefixes],
+    )
+    l0 = [(int(c), int(n_), lexeme, int(t), int(b)) for c, n_, lexeme, t, b in cursor.fetchall()]
+    cursor.execute(
+        "SELECT d.ordinal, ARRAY(SELECT x FROM unnest(d.lexemes) x WHERE x = ANY(%s::text[])"
+        " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(x, p)))"
+        " FROM fulltext_deleted d WHERE d.knowledge_base_id = %s", [exact, prefixes, kb_id])
+    deleted_rows = cursor.fetchall()
+    dfs: dict[tuple[str, bool], int] = {}
+    for key in keys:
+        df = sum(entry.df for _, entry in entries[key])
+        df += sum(1 for row in l0 if _matches(row[2], key))
+        df -= sum(1 for _, lexemes in deleted_rows for lexeme in lexemes if _matches(lexeme, key))
+        if df > 0:
+            dfs[key] = df
+    deleted = np.array(sorted(int(row[0]) for row in deleted_rows), dtype=np.int64)
+    statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
+    return _Snapshot(statistics, entries, l0, deleted)
 
 
 def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:
     """知识库的分块数 N、平均词数 avgdl 与各查询词的 df（键为 (词位, 前缀?)）。
 
-    前缀词的“df”是以它开头的各词位 df 之和，也就是那一段倒排的行数（读它要花的工作量）；它可能超过 N，
+    前缀词的“df”是以它开头的各词位 df 之和，也就是那一段倒排的条数（读它要花的工作量）；它可能超过 N，
     算 IDF 时由 :func:`raglib.bm25.idf` 截到 N。
     """
-    exact = [t.lexeme for t in terms if not t.prefix]
-    prefixes = [t.lexeme for t in terms if t.prefix]
-    with search_connection().cursor() as cursor:
-        # 知识库统计与精确词的 df 一条查询读出（检索的每个请求都走这里，少一次数据库往返）
-        cursor.execute("SELECT s.chunk_count, s.total_length, t.lexeme, t.df FROM fulltext_kb_stats s"
-                       " LEFT JOIN fulltext_term_stats t ON t.knowledge_base_id = s.knowledge_base_id"
-                       " AND t.lexeme = ANY(%s::text[]) WHERE s.knowledge_base_id = %s", [exact, kb_id])
-        rows = cursor.fetchall()
-        n, total = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
-        dfs: dict[tuple[str, bool], int] = {}
-        if n <= 0:
-            return Bm25Statistics(0, 0.0, dfs)
-        dfs.update(((lexeme, False), int(df)) for _, _, lexeme, df in rows if lexeme is not None)
-        for prefix in prefixes:
-            # 主键是 (知识库, 词位 COLLATE "C")：前缀就是一段连续的主键范围。前缀词单独一条查询：并进上面那条时
-            # 规划器只能按参数做通用计划（位图扫描），1M 分块的库里常见单字要慢一倍
-            cursor.execute("SELECT coalesce(sum(df), 0) FROM fulltext_term_stats WHERE knowledge_base_id = %s"
-                           " AND lexeme >= %s AND lexeme < %s", [kb_id, prefix, prefix + "\U0010ffff"])
-            dfs[(prefix, True)] = int(cursor.fetchone()[0])
-    return Bm25Statistics(n, total / n, dfs)
-
-
-_RECOUNT_KB_SQL = f"""
-    SELECT %s::uuid, count(*), coalesce(sum(search_length), 0)
-    FROM document_chunks WHERE knowledge_base_id = %s AND {_SEARCHABLE}
-"""
-_RECOUNT_TERMS_SQL = f"""
-    SELECT %s::uuid, lexeme, count(*)
-    FROM document_chunks, unnest(tsvector_to_array(search_vector)) AS lexeme
-    WHERE knowledge_base_id = %s AND {_SEARCHABLE}
-    GROUP BY lexeme
-"""
-
-
-# 与触发器（search/sql/fulltext_stats_apply.v1.sql）写入的行一致：影响力由同一个 SQL 函数算出。
-# 这里刻意另写一遍而不调用触发器的函数：核对（statistics_mismatches）要的是一份独立的重算
-_RECOUNT_POSTINGS_SQL = f"""
-    SELECT g.kb, g.lexeme, fulltext_impact(g.title_tf, g.body_tf, g.len), g.chunk, g.title_tf, g.body_tf, g.len
-    FROM (SELECT %s::uuid AS kb, u.lexeme, c.id AS chunk, c.search_length AS len,
-                 coalesce(cardinality(array_positions(u.weights, 'A')), 0) AS title_tf,
-                 coalesce(cardinality(u.weights) - cardinality(array_positions(u.weights, 'A')), 0) AS body_tf
-          FROM document_chunks c, unnest(c.search_vector) u
-          WHERE c.knowledge_base_id = %s AND c.{_SEARCHABLE}) g
-"""
-_POSTING_COLUMNS = "knowledge_base_id, lexeme, impact, chunk_id, title_tf, body_tf, length"
-
-
-def rebuild_statistics(kb_id: uuid.UUID) -> None:
-    """按分块重算一个知识库的统计与倒排表（锁住统计行，与并发写入的触发器互斥）。修复与测试使用。"""
-    with connection.cursor() as cursor:
-        cursor.execute("INSERT INTO fulltext_kb_stats (knowledge_base_id, chunk_count, total_length)"
-                       " VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
-        cursor.execute("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb_id])
-        cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s", [kb_id])
-        cursor.execute(f"INSERT INTO fulltext_postings ({_POSTING_COLUMNS}) {_RECOUNT_POSTINGS_SQL}", [kb_id, kb_id])
-        cursor.execute("DELETE FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
-        cursor.execute("INSERT INTO fulltext_term_stats (knowledge_base_id, lexeme, df) " + _RECOUNT_TERMS_SQL,
-                       [kb_id, kb_id])
-        cursor.execute("UPDATE fulltext_kb_stats s SET chunk_count = r.n, total_length = r.len"
-                       f" FROM ({_RECOUNT_KB_SQL}) AS r(kb, n, len) WHERE s.knowledge_base_id = r.kb",
-                       [kb_id, kb_id])
-
-
-def statistics_drop(kb_id: uuid.UUID, *, batch_lexemes: int = 2000) -> int:
-    """整库清理的快路：按词位分段删掉知识库的倒排，再删掉它的统计行；返回删掉的倒排行数。
-
-    统计行不在时触发器对这个知识库什么也不做（``search/sql/fulltext_stats_apply.v1.sql``），之后逐批删分块不再
-    逐行维护倒排：以前删 1,000 个分块要约 8 s，1M 分块的库要按小时计。倒排每次删 ``batch_lexemes`` 个词位
-    （主键的一段范围）并提交，一条语句不会删上亿行；最后锁住统计行再删（正在提交的摄取先做完），统计行上的触发器
-    （``fulltext_kb_stats_dropped``）顺带删掉这期间新写入的倒排。
-    删完之后才写入的分块会重新建起统计行，所以清理结束时要再调一次。
-    """
-    # 分段的边界取自词统计（每个词位一行），不从倒排里 DISTINCT：常见词一个就有上百万行倒排
-    deleted, last = 0, ""
-    while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                # 词统计的 lexeme 与倒排一样是 COLLATE "C"：两张表的范围边界按同一顺序比较
-                "SELECT max(lexeme) FROM (SELECT lexeme FROM fulltext_term_stats"
-                " WHERE knowledge_base_id = %s AND lexeme > %s ORDER BY lexeme LIMIT %s) batch",
-                [kb_id, last, batch_lexemes],
-            )
-            (upper,) = cursor.fetchone()
-            if upper is None:
-                break
-            cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s AND lexeme > %s"
-                           " AND lexeme <= %s", [kb_id, last, upper])
-            deleted += cursor.rowcount
-            last = upper
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb_id])
-        cursor.execute("DELETE FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
-        cursor.execute("DELETE FROM fulltext_kb_stats WHERE knowledge_base_id = %s", [kb_id])
-    return deleted
-
-
-def statistics_mismatches(kb_id: uuid.UUID) -> list[str]:
-    """存储的统计与按分块重算的差异（人能读的描述）；空列表表示完全一致。"""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
-                       [kb_id])
-        stored_kb = cursor.fetchone() or (0, 0)
-        cursor.execute(_RECOUNT_KB_SQL, [kb_id, kb_id])
-        counted_kb = cursor.fetchone()[1:]
-        cursor.execute("SELECT lexeme, df FROM fulltext_term_stats WHERE knowledge_base_id = %s", [kb_id])
-        stored = {lexeme: int(df) for lexeme, df in cursor.fetchall()}
-        cursor.execute(_RECOUNT_TERMS_SQL, [kb_id, kb_id])
-        counted = {lexeme: int(df) for _, lexeme, df in cursor.fetchall()}
-        cursor.execute(f"SELECT {_POSTING_COLUMNS} FROM fulltext_postings WHERE knowledge_base_id = %s", [kb_id])
-        stored_postings = {tuple(row) for row in cursor.fetchall()}
-        cursor.execute(_RECOUNT_POSTINGS_SQL, [kb_id, kb_id])
-        counted_postings = {tuple(row) for row in cursor.fetchall()}
-    problems = [f"posting {row[1:]!r} stored but not counted" for row in sorted(stored_postings - counted_postings)]
-    problems += [f"posting {row[1:]!r} counted but not stored" for row in sorted(counted_postings - stored_postings)]
-    if tuple(map(int, stored_kb)) != tuple(map(int, counted_kb)):
-        problems.append(f"chunks/length stored {tuple(stored_kb)} != counted {tuple(counted_kb)}")
-    for lexeme in sorted(set(stored) | set(counted)):
-        if stored.get(lexeme, 0) != counted.get(lexeme, 0):
-            problems.append(f"df({lexeme!r}) stored {stored.get(lexeme)} != counted {counted.get(lexeme)}")
-    return problems
+    with _snapshot_cursor() as cursor:
+        return _read_snapshot(cursor, kb_id, terms).statistics
 
 
 # ---------------------------------------------------------------- 全文列的重算（引擎的 index）
@@ -243,7 +233,9 @@ def chunk_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25S
             counts.setdefault(int(chunk_id), {})[lexeme] = (int(title), int(total) - int(title))
             lengths[int(chunk_id)] = int(length)
     for chunk_id, chunk_counts in counts.items():
-        scores[chunk_id] = chunk_score(terms, chunk_counts, lengths[chunk_id], params, statistics.avgdl)
+        # 与段里存的口径相同：词频各封顶在一个字节，长度取量化后的值，两条路给同一个分块的分数才一致
+        capped = {lexeme: (capped_tf(title), capped_tf(body)) for lexeme, (title, body) in chunk_counts.items()}
+        scores[chunk_id] = chunk_score(terms, capped, quantised_length(lengths[chunk_id]), params, statistics.avgdl)
     return scores
 
 
@@ -272,111 +264,153 @@ def _ts_rank_cd_search(query: ParsedQuery, scope: ChunkScope, limit: int) -> lis
     return [PathHit(int(chunk_id), float(rank)) for chunk_id, rank in rows]
 
 
-def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, limit: int,
-                 statistics: Bm25Statistics) -> list[PathHit]:
-    """BM25：倒排表上按 (分块, 查询词) 汇总加权词频，再按分块求和。
+def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
+                 limit: int) -> tuple[list[PathHit], Bm25Statistics]:
+    """BM25：按读取额度取各查询词的倒排（段 + L0），numpy 打分，去掉删除集，前若干名回表检查范围。
 
-    每个查询词读 :func:`raglib.bm25.allot_postings` 分给它的行数：影响力最高的那一段（倒排主键按影响力排序）。
-    前缀词（孤立的单字，``'肝':*``）是一段词位范围，整段读：先把同一查询词在一个分块里命中的各词位的词频相加，
-    再做饱和，与 tsquery 的前缀匹配一致。非 plain 查询（短语、布尔、exact）另外要求分块满足 tsquery。
+    每个查询词读 :func:`raglib.bm25.allot_postings` 分给它的条数：内联在词典里的整条读；倒排块按块号（影响力从高到低）
+    读够为止，各段按它在这个词的 df 里所占的比例分摊。前缀词（孤立的单字，``'肝':*``）是一段词位：同一分块里
+    命中的各词位先把词频相加再饱和，与 tsquery 的前缀匹配一致。非 plain 查询（短语、布尔、exact）另外要求分块
+    满足 tsquery。
     """
     params = _bm25_params()
-    reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, params), settings.BM25_MAX_POSTINGS)
-    if not reads:
-        return []  # 没有一个查询词出现在这个知识库里
-    lows = [r.scored.term.lexeme for r in reads]
-    # 精确词：low = high；前缀词：到该前缀下最大的码点为止
-    highs = [r.scored.term.lexeme + ("\U0010ffff" if r.scored.term.prefix else "") for r in reads]
-    scoring_args: list[Any] = [list(range(len(reads))), lows, highs, [r.scored.weight for r in reads],
-                               [r.scored.term.prefix for r in reads], [r.rows for r in reads], params.title_weight,
-                               params.k1 * (1 - params.b), params.k1 * params.b / max(statistics.avgdl, 1e-9)]
-    # 先只拿分数最高的一批回表检查范围（状态、过滤条件）：长问题会命中上千个分块，逐个回表占全文一路一半的时间。
-    # 范围内的结果不够 limit 且确实有分块被这一批截掉时，再对全部候选做一次——结果与一次做完全相同
-    shortlist = max(limit * 4, _BM25_SHORTLIST)
-    rows = _bm25_rows(kb_id, query, scope, scoring_args, limit, shortlist)
-    if len(rows) < limit and (not rows or rows[0][2] > shortlist):
-        rows = _bm25_rows(kb_id, query, scope, scoring_args, limit, None)
-    return [PathHit(int(chunk_id), float(value)) for chunk_id, value, _ in rows]
+    with _snapshot_cursor() as cursor:
+        snapshot = _read_snapshot(cursor, kb_id, query.terms)
+        statistics = snapshot.statistics
+        reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, params),
+                               settings.BM25_MAX_POSTINGS)
+        if not reads:
+            return [], statistics  # 没有一个查询词出现在这个知识库里
+        # 每个 (查询词, 词位) 一个编号：同一词位既是精确词又落在某个前缀词里时各算各的
+        slot_of: dict[int, int] = {}
+        pairs: list[tuple[int, bytes]] = []
+        wanted: list[tuple[int, str, int, int]] = []  # (段号, 词位, 读几块, 编号)
+        l0_parts: list[tuple[int, int, int, int, int]] = []  # (编号, 分块 id, 词数, 标题词频, 正文词频)
+        for slot, read in enumerate(reads):
+            key = (read.scored.term.lexeme, read.scored.term.prefix)
+            ids: dict[str, int] = {}
+            for segment_id, entry in snapshot.entries.get(key, []):
+                number = ids.setdefault(entry.lexeme, len(slot_of))
+                slot_of[number] = slot
+                if entry.inline is not None:
+                    pairs.append((number, entry.inline))
+                    continue
+                share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
+                wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), number))
+            for chunk_id, length, lexeme, title, body in snapshot.l0:
+                if _matches(lexeme, key):
+                    number = ids.setdefault(lexeme, len(slot_of))
+                    slot_of[number] = slot
+                    l0_parts.append((number, chunk_id, length, title, body))
+        if wanted:
+            cursor.execute(
+                "SELECT r.n, b.data FROM unnest(%s::int[], %s::text[], %s::int[], %s::int[]) AS r(s, l, k, n)"
+                " CROSS JOIN LATERAL (SELECT data FROM fulltext_blocks b WHERE b.knowledge_base_id = %s"
+                " AND b.segment_id = r.s AND b.lexeme = r.l AND b.block_no < r.k) b",
+                [[w[0] for w in wanted], [w[1] for w in wanted], [w[2] for w in wanted], [w[3] for w in wanted],
+                 kb_id],
+            )
+            pairs += [(int(number), bytes(data)) for number, data in cursor.fetchall()]
+        postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
+        # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
+        l0_chunks = sorted({part[1] for part in l0_parts})
+        l0_key = {chunk_id: -1 - i for i, chunk_id in enumerate(l0_chunks)}
+        if l0_parts:
+            postings = Postings.concat([postings, Postings(
+                np.array([p[0] for p in l0_parts], dtype=np.int32),
+                np.array([l0_key[p[1]] for p in l0_parts], dtype=np.int64),
+                np.array([capped_tf(p[3]) for p in l0_parts], dtype=np.uint8),
+                np.array([capped_tf(p[4]) for p in l0_parts], dtype=np.uint8),
+                norm_bytes(np.array([p[2] for p in l0_parts], dtype=np.int64)))])
+        postings = _trim(postings, slot_of, reads)
+        docs, scores = bm25_scores(postings, slot_of, [r.scored.weight for r in reads], k1=params.k1, b=params.b,
+                                   avgdl=statistics.avgdl, title_weight=params.title_weight)
+        hits = _in_scope(cursor, kb_id, query, scope, docs, scores, l0_chunks, limit)
+    return hits, statistics
+
+
+def _trim(postings: Postings, slot_of: dict[int, int], reads: Sequence[TermRead]) -> Postings:
+    """截断读取的词只留影响力最高的 ``rows`` 条（同影响力按序号）：各段按比例多读的那一点、内联在词典里的整条，
+    都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。"""
+    if not len(postings):
+        return postings
+    slots = np.array([slot_of[int(term)] for term in postings.terms], dtype=np.int64)
+    keep = np.ones(len(postings), dtype=bool)
+    strength = impacts(postings.title_tf, postings.body_tf, postings.norms)
+    for slot, read in enumerate(reads):
+        members = np.flatnonzero(slots == slot)
+        if read.truncated and len(members) > read.rows:
+            ranked = members[np.lexsort((postings.docs[members], -strength[members].astype(np.int64)))]
+            keep[ranked[read.rows:]] = False
+    return postings if keep.all() else Postings(postings.terms[keep], postings.docs[keep], postings.title_tf[keep],
+                                               postings.body_tf[keep], postings.norms[keep])
 
 
 _BM25_SHORTLIST = 400
 
 
-# BM25 的一项：加权词频 tf 的饱和，长度按 avgdl 归一：tf / (tf + k1·(1 - b + b·dl/avgdl))。
-# 常数先合并成 k 行的 c0 = k1·(1-b)、c1 = k1·b/avgdl（_bm25_search 里算）：每行倒排少算几次浮点运算
-_BM25_SATURATE = "{tf} / ({tf} + k.c0 + k.c1 * {length})"
-# 一个查询词读倒排：一次主键范围扫描，只读打分要的几列（仅索引扫描）
-_BM25_READ = ("(SELECT chunk_id, k.tw * title_tf + body_tf AS tf, length FROM fulltext_postings"
-              " WHERE knowledge_base_id = %s AND {terms}) p")
-# 精确词倒着扫（影响力从高到低），读够分到的行数就停；每个分块只有一行，读出来就计分。
-# 两支各自读倒排、不经物化的 CTE：1M 行上 2 万行倒排的查询少 10~25% 的时间
-_BM25_EXACT_PARTS = (
-    f"SELECT p.chunk_id, q.weight * {_BM25_SATURATE.format(tf='p.tf', length='p.length')} AS part"
-    " FROM q CROSS JOIN k CROSS JOIN LATERAL "
-    + _BM25_READ.format(terms="NOT q.prefix AND lexeme = q.low ORDER BY impact DESC LIMIT q.rows")
-)
-# 前缀词（一段词位范围）：先把同一分块里命中的各词位的词频相加再饱和，与 tsquery 的前缀匹配一致。
-# 通常整段读（分到的行数就是那一段的行数）；只有它读不起、又是唯一能读的词时截在额度上（倒着扫，最多 q.rows 行），
-# 一个 1M 分块的库里常见单字的那一段有近百万行
-_BM25_PREFIX_PARTS = (
-    f"SELECT p.chunk_id, max(q.weight) * {_BM25_SATURATE.format(tf='sum(p.tf)', length='max(p.length)')}"
-    " FROM q CROSS JOIN k CROSS JOIN LATERAL "
-    + _BM25_READ.format(terms="q.prefix AND lexeme >= q.low AND lexeme <= q.high"
-                        " ORDER BY lexeme DESC, impact DESC LIMIT q.rows")
-    + " GROUP BY p.chunk_id, q.term, k.c0, k.c1"
-)
+def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, docs: np.ndarray,
+              scores: np.ndarray, l0_chunks: Sequence[int], limit: int) -> list[PathHit]:
+    """候选（段里的序号或 L0 的负键）按分数从高到低换成分块 id、回表检查范围，取前 ``limit`` 个。
 
-
-def _bm25_rows(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, scoring_args: list[Any],
-               limit: int, shortlist: int | None) -> list[tuple[Any, ...]]:
-    """(分块 id, BM25 分, 候选数)，范围内按分数降序的前 ``limit`` 个。``shortlist`` 限定回表的候选数：这时只取前
-    ``shortlist + 1`` 个候选，候选数大于 ``shortlist`` 就说明有分块被截掉了。"""
-    match, match_params = _match_sql(query, scope)
-    must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
-    # 没有前缀词时不带前缀那一支：它的行数估计（整段词位范围）有上亿行，规划器会因此把 2 万行的汇总改成先排序。
-    # scoring_args 的第 5 个数组是各查询词是否前缀
-    prefix = any(scoring_args[4])
-    parts = _BM25_EXACT_PARTS + (f" UNION ALL {_BM25_PREFIX_PARTS}" if prefix else "")
-    sql = (
-        "WITH q(term, low, high, weight, prefix, rows) AS"
-        " (SELECT * FROM unnest(%s::int[], %s::text[], %s::text[], %s::float8[], %s::bool[], %s::int[])),"
-        " k(tw, c0, c1) AS (SELECT %s::float8, %s::float8, %s::float8),"
-        f" s AS (SELECT chunk_id, sum(part) AS score FROM ({parts}) part GROUP BY chunk_id),"
-        # 多取一个候选：取满 shortlist + 1 个就说明有分块被截掉。只数 top 而不数 s，s 只被引用一次，不必物化
-        f" top AS (SELECT chunk_id, score FROM s ORDER BY score DESC, chunk_id{' LIMIT %s' if shortlist else ''})"
-        # 范围检查逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块
-        # 读出来做哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
-        " SELECT c.id, top.score, (SELECT count(*) FROM top) FROM top CROSS JOIN LATERAL"
-        f" (SELECT c.id FROM document_chunks c WHERE c.id = top.chunk_id AND {match}{must} OFFSET 0) c"
-        " ORDER BY top.score DESC, c.id LIMIT %s"
-    )
-    args = [*scoring_args, kb_id, *([kb_id] if prefix else []), *([shortlist + 1] if shortlist else []),
-            *match_params, *([query.tsquery] if must else []), limit]
-    with search_connection().cursor() as cursor:
-        cursor.execute(sql, args)
-        return list(cursor.fetchall())
+    先只检查分数最高的一批：长问题会命中上千个分块，逐个回表占全文一路一半的时间。范围内的结果不够 limit 且确实
+    有候选被这一批截掉时，再检查其余的——结果与一次做完全相同。同分按分块 id 升序。
+    """
+    order = np.lexsort((docs, -scores))
+    shortlist = max(limit * 4, _BM25_SHORTLIST)
+    hits: list[PathHit] = []
+    for start in (0, shortlist):
+        batch = order[start:shortlist] if start == 0 else order[shortlist:]
+        if not len(batch):
+            break
+        keys = docs[batch]
+        ordinals = [int(key) for key in keys if key >= 0]
+        cursor.execute("SELECT ordinal, chunk_id FROM fulltext_docs WHERE knowledge_base_id = %s"
+                       " AND ordinal = ANY(%s::int[])", [kb_id, ordinals])
+        chunk_of = {int(o): int(c) for o, c in cursor.fetchall()}
+        candidates = sorted(((-float(score), chunk_of[int(key)] if key >= 0 else l0_chunks[-1 - int(key)])
+                             for key, score in zip(keys, scores[batch], strict=True)
+                             if key < 0 or int(key) in chunk_of))
+        match, params = _match_sql(query, scope)
+        must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
+        # 逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块读出来做
+        # 哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
+        cursor.execute(
+            "SELECT c.id, t.score FROM unnest(%s::bigint[], %s::float8[]) WITH ORDINALITY AS t(id, score, rank)"
+            f" CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = t.id AND {match}{must} OFFSET 0) c"
+            " ORDER BY t.rank LIMIT %s",
+            [[chunk for _, chunk in candidates], [-score for score, _ in candidates], *params,
+             *([query.tsquery] if must else []), limit - len(hits)],
+        )
+        hits += [PathHit(int(chunk_id), float(score)) for chunk_id, score in cursor.fetchall()]
+        if len(hits) >= limit:
+            break
+    return hits
 
 
 # ---------------------------------------------------------------- 引擎
 
 
 class PostgresFulltextEngine:
-    """:class:`search.fulltext.FulltextEngine` 的 PostgreSQL 实现：GIN 索引上的 ``@@`` 匹配，
-    按 ``RAG_FULLTEXT_RANKING``（默认 BM25，倒排表上打分；或 ``ts_rank_cd``）排序。
+    """:class:`search.fulltext.FulltextEngine` 的 PostgreSQL 实现：段 + L0 的压缩块倒排上的 BM25（默认），
+    或 GIN 索引上 ``@@`` 匹配、``ts_rank_cd`` 排序（``RAG_FULLTEXT_RANKING=ts_rank_cd``）。
 
-    倒排与统计由 ``document_chunks`` 上的触发器维护（SQL 在 ``search/sql/``）：分块写入不经过引擎。
+    分块写入不经过引擎：触发器把新分块追加进 L0（SQL 在 ``search/sql/``），后台任务把 L0 合并成段
+    （:mod:`search.segments`）。
     """
 
     def search(self, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, limit: int) -> FulltextHits:
         """exact 查询除了词序匹配，还要求原文（不区分大小写）逐字包含引号里的内容。"""
         if not query.tsquery:
             return FulltextHits([], 0.0)
-        statistics = self.statistics(kb_id, query.terms)
-        cover = coverage(query.terms, statistics.dfs, statistics.n)
         if settings.FULLTEXT_RANKING == "ts_rank_cd":
-            return FulltextHits(_ts_rank_cd_search(query, scope, limit), cover)
+            statistics = self.statistics(kb_id, query.terms)
+            return FulltextHits(_ts_rank_cd_search(query, scope, limit),
+                                coverage(query.terms, statistics.dfs, statistics.n))
+        hits, statistics = _bm25_search(kb_id, query, scope, limit)
+        cover = coverage(query.terms, statistics.dfs, statistics.n)
         scale = max_score(query.terms, statistics.dfs, statistics.n, settings.BM25_K1)
-        return FulltextHits(_bm25_search(kb_id, query, scope, limit, statistics), cover, scale, statistics)
+        return FulltextHits(hits, cover, scale, statistics)
 
     def scores(self, query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:
         return chunk_scores(query, chunk_ids, statistics)
@@ -387,11 +421,14 @@ class PostgresFulltextEngine:
     def index(self, *, kb_id: uuid.UUID | None = None) -> int:
         return reindex_chunks(kb_id=kb_id)
 
+    def compact(self, kb_id: uuid.UUID) -> int:
+        return segments.compact(kb_id).chunks
+
     def delete(self, kb_id: uuid.UUID) -> int:
-        return statistics_drop(kb_id)
+        return segments.drop(kb_id)
 
     def rebuild(self, kb_id: uuid.UUID) -> None:
-        rebuild_statistics(kb_id)
+        segments.rebuild(kb_id)
 
     def verify(self, kb_id: uuid.UUID) -> list[str]:
-        return statistics_mismatches(kb_id)
+        return segments.mismatches(kb_id)

@@ -1,36 +1,54 @@
 """全文检索引擎的接口：:class:`FulltextEngine` 与全文一路的结果类型。
 
 检索经 :func:`search.retrieval.fulltext_engine` 取得引擎：全文一路（``fulltext_search``）、给名单外的候选补分数
-（``fulltext_scores``）、``manage.py rebuild_fulltext`` 都经过它。现在只有一个实现
-:class:`search.bm25.PostgresFulltextEngine`：PostgreSQL 里自建的 BM25（倒排表 + 知识库级统计，由触发器维护；
-``RAG_FULLTEXT_RANKING=ts_rank_cd`` 时用 PostgreSQL 自带的 ``ts_rank_cd`` 排序）。
+（``fulltext_scores``）、``manage.py rebuild_fulltext`` / ``compact_fulltext`` 与 L0 的合并任务都经过它。现在只有一个
+实现 :class:`search.bm25.PostgresFulltextEngine`：PostgreSQL 里自建的 BM25，仿 Lucene 的压缩块倒排
+（``RAG_FULLTEXT_RANKING=ts_rank_cd`` 时用 PostgreSQL 自带的 ``ts_rank_cd`` 排序）。
+
+## 存储与排序（v2）
+
+- **写入只追加**：``document_chunks`` 上的触发器给每个新分块在 ``fulltext_l0`` 里追加一行（词位数组与标题、正文词频）；
+  删掉的分块若还在 L0 就删那一行，已合并的记进 ``fulltext_deleted``。写入不更新任何共享的行，同一知识库的并发写入
+  互不等待；一个分块一行（外加 GIN 的一次插入），而不是 v1 的两百多次随机 B 树插入。
+- **合并成段**（:mod:`search.segments`，后台任务）：L0 的一批分块按顺序得到稠密的 int4 序号，编成一个不可变的段——
+  按词位排序的词典块（约 64 个词一行，罕见词的倒排内联，:mod:`raglib.lexicon`）与常见词的倒排块（≤128 条一行，
+  序号差分编码，词频与长度各压成一个字节，块号 0 是影响力最高的一段，:mod:`raglib.postings`）。相邻的同层段并成大段，
+  并段时清掉删除集里的分块。
+- **统计不单独维护**：N、平均长度、df 都是“段里的 + L0 的 - 删除集的”，在查询的同一个 REPEATABLE READ 快照里读出，
+  永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
+- **打分在服务里**（:mod:`search.bm25`）：取查询词的词典条目与额度内的倒排块，numpy 解码、打分、去掉删除集，前若干名
+  换成分块 id 再回表检查范围。短语、布尔、exact 查询另外要求分块满足 ``search_vector @@ tsquery``
+  （tsvector 与 GIN 保留）。
 
 ## 引擎的 SQL 在哪里
 
-引擎在数据库里的部分——表、行类型、函数、触发器——写在 ``search/sql/`` 里，一个关注点一个文件，注释写明为什么：
+引擎在数据库里的部分——表、函数、触发器——写在 ``search/sql/`` 里，一个关注点一个文件，注释写明为什么：
 
 ====================================  ==========================================================================
-``fulltext_storage.vN.sql``           倒排表 ``fulltext_postings``、行类型 ``fulltext_chunk_delta``、两张统计表的
-                                      存储参数与词统计的覆盖主键（统计表本身是 Django 模型，见 ``search.models``）
-``fulltext_impact.vN.sql``            倒排行的影响力 ``fulltext_impact()``（倒排按它排序，常见词只读最前面一段）
-``fulltext_stats_apply.vN.sql``       ``fulltext_stats_apply()``：把一条语句的分块增量记进统计与倒排
-``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数
-``fulltext_kb_stats_dropped.vN.sql``  统计行被删时清掉该库倒排的触发器与函数（整库清理的快路）
+``fulltext_storage.vN.sql``           全文表的定义：v2 建 L0、序号表、删除集、段、词典块与倒排块（统计行
+                                      ``fulltext_kb_stats`` 是 Django 模型，见 ``search.models``）；v1 的倒排表
+                                      由 v2 删掉
+``fulltext_chunk_terms.vN.sql``       ``fulltext_chunk_terms()``：tsvector → 词位与标题/正文词频数组
+                                      （写 L0、回填、重建共用）
+``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数（写 L0、记删除集）
+``fulltext_kb_stats_dropped.vN.sql``  统计行被删时清掉该库全部全文数据的触发器与函数（整库清理的快路）
+``fulltext_stats_apply.vN.sql``       v1 的增量函数；v2 退役（文件只有 DROP）
+``fulltext_impact.vN.sql``            v1 的影响力函数；v2 退役（影响力改由 ``raglib.postings.impacts`` 在合并时算）
 ====================================  ==========================================================================
 
 文件一经发布就不再修改，“当前版本”与“迁移做的事”因此永远一致：
 
 - 迁移用 ``search/migrations/_frozen_sql.py`` 的 ``frozen_sql(文件名, sha256)`` 读文件，内容与迁移里记下的
   SHA-256 不符就拒绝加载。迁移不导入应用代码，也不拼接、修补别的迁移里的 SQL。
-- 改函数或触发器：新建 ``<名字>.v{N+1}.sql``（完整的 ``CREATE OR REPLACE``），加一个迁移应用它（回退时应用上一版）。
+- 改函数或触发器：新建 ``<名字>.v{N+1}.sql``（完整的 ``CREATE OR REPLACE``；退役就只写 ``DROP``），加一个迁移应用它。
   同一名字编号最大的文件就是数据库里当前生效的定义。
-- 改表：新建 ``fulltext_storage.v{N+1}.sql``，只写变更（``ALTER ...``），同样由新迁移应用；存储按编号顺序叠加。
+- 改表：新建 ``fulltext_storage.v{N+1}.sql``，只写变更，同样由新迁移应用；存储按编号顺序叠加。
 - ``tests/search/test_engine_sql.py`` 检查每个文件都被迁移按校验和钉住，并把数据库里活的函数、触发器与表
   和这些文件逐一比较，漂移会被测出来。
-- 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；现在的 v1 就是这样来的：
-  ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。
+- 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；v1 就是这样来的：
+  ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。v2 由 ``search.0008_fulltext_segments`` 应用。
 
-查询一侧的 SQL（BM25 打分、``ts_rank_cd``、补分数、统计的读取与核对）是 Python 常量，在 :mod:`search.bm25`；
+查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。
 
 ## 换一种引擎
@@ -50,13 +68,13 @@
    （配 ``simple`` 配置）。要求 PostgreSQL 17+ 且放进 ``shared_preload_libraries``；它与 pg_search 都注册了
    名为 ``bm25`` 的访问方法，两者不能装在同一个库里。
 4. 各方法在这些扩展上的对应：``search`` 是一条带检索范围的查询（范围 SQL 原样拼进 WHERE）；``index``、``rebuild``
-   是 ``REINDEX``（索引由 PostgreSQL 随写入维护，摄取不用改）；``delete`` 什么也不做（删分块就删了索引项）；
+   是 ``REINDEX``（索引由 PostgreSQL 随写入维护，摄取不用改）；``compact`` 什么也不做（扩展自己合并段），
+   ``delete`` 也什么都不做（删分块就删了索引项）；
    ``verify`` 返回空列表；``statistics`` 与 ``scores`` 需要 N 与 df：融合的覆盖率闸门
-   （:func:`raglib.bm25.coverage`）和对外分数的刻度都靠它们，可以保留 ``fulltext_kb_stats`` /
-   ``fulltext_term_stats`` 及其触发器（去掉倒排那部分），或者返回 ``statistics=None``（这时混合检索不给名单外的
-   候选补全文分数，覆盖率按 1 处理）。
-5. 不再用自建倒排时，新迁移删掉 ``document_chunks`` 上的三个触发器与倒排表，摄取省下维护倒排的开销；
-   想换回来就再应用一遍 v1 的文件并对每个知识库 ``rebuild``。
+   （:func:`raglib.bm25.coverage`）和对外分数的刻度都靠它们：可以保留自建引擎的 L0 与段只用来读 N 与 df
+   （查询时不读倒排块），或者返回 ``statistics=None``（这时混合检索不给名单外的候选补全文分数，覆盖率按 1 处理）。
+5. 不再用自建倒排时，新迁移删掉 ``document_chunks`` 上的三个触发器与全文表，摄取省下写 L0 的开销；
+   想换回来就再应用一遍当前版本的文件并对每个知识库 ``rebuild``。
 """
 
 from __future__ import annotations
@@ -133,8 +151,13 @@ class FulltextEngine(Protocol):
         """按当前的切词设置重算分块的全文索引（全部知识库，或 ``kb_id`` 一个）；返回处理的分块数。"""
         ...
 
+    def compact(self, kb_id: uuid.UUID) -> int:
+        """把这个知识库新写入、还没整理的索引整理好（PostgreSQL 实现：L0 合并成段、并段、清除删除）；
+        返回整理的分块数。由后台任务在写入之后调用，检索不依赖它（没整理的照样查得到，只是慢一些）。"""
+        ...
+
     def delete(self, kb_id: uuid.UUID) -> int:
-        """整库清理前先丢掉这个知识库的索引，之后逐批删分块不再逐行维护；返回删掉的索引行数。"""
+        """整库清理前先丢掉这个知识库的索引，之后逐批删分块不再逐个维护；返回删掉的索引单位数（段数）。"""
         ...
 
     def rebuild(self, kb_id: uuid.UUID) -> None:

@@ -1,10 +1,7 @@
-"""BM25 的知识库级统计：分块数、总词数、每个词位的文档频率。
+"""search 应用的模型：全文引擎的知识库统计行，与每个知识库学出来的相关概率模型。
 
-这两张表只由数据库触发器写（``document_chunks`` 上的语句级 AFTER INSERT/DELETE/UPDATE 触发器，SQL 见
-``search/sql/fulltext_stats_maintain.v1.sql`` 与 ``fulltext_stats_apply.v1.sql``）：任何让分块出现或消失的
-语句——摄取的 COPY、删除文档、重新索引、知识库清理、后台直接删——都在同一个事务里更新统计，
-分块可见的那一刻统计也可见，永远与分块一致，不需要定时任务。
-只统计可检索的分块（role ≠ parent）。
+全文引擎的其余表（L0、段、词典、倒排块、序号、删除集）没有模型：它们由 ``search/sql/`` 里的 SQL 建立，
+由触发器与 :mod:`search.segments` 读写，应用只经 :mod:`search.bm25` 读它们。
 """
 
 from __future__ import annotations
@@ -15,12 +12,19 @@ from knowledge.models import KnowledgeBase
 
 
 class FulltextKbStats(models.Model):
-    """一个知识库的可检索分块数与词数之和（平均文档长度 = total_length / chunk_count）。"""
+    """全文引擎的知识库统计行：合并进段的分块数与词数之和（含删除集里还没清掉的），下一个序号与段号。
+
+    只由合并（:mod:`search.segments`）写：写入分块不碰这一行。查询时 N = chunk_count + L0 - 删除集（总词数同理），
+    见 :mod:`search.bm25`。这一行不在 = 这个知识库没有全文数据（整库清理的快路，见 ``search.segments.drop``）。
+    """
 
     knowledge_base = models.OneToOneField(KnowledgeBase, on_delete=models.CASCADE, primary_key=True,
                                           related_name="fulltext_stats", verbose_name="知识库")
     chunk_count = models.BigIntegerField("分块数", default=0)
     total_length = models.BigIntegerField("词数之和", default=0)
+    # 下一个分块序号与段号：只由合并（search.segments）分配与推进
+    next_ordinal = models.IntegerField("下一个分块序号", default=0, db_default=0)
+    next_segment = models.IntegerField("下一个段号", default=0, db_default=0)
 
     class Meta:
         db_table = "fulltext_kb_stats"
@@ -29,25 +33,6 @@ class FulltextKbStats(models.Model):
 
     def __str__(self) -> str:
         return f"{self.knowledge_base_id}: {self.chunk_count} chunks"
-
-
-class FulltextTermStats(models.Model):
-    """一个知识库里含某词位的可检索分块数（文档频率 df）。词位按 "C" 排序规则比较，前缀查询可走主键范围扫描。"""
-
-    pk = models.CompositePrimaryKey("knowledge_base", "lexeme")
-    # 主键的第一列就是知识库，不需要 Django 再为外键建一个索引
-    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="+",
-                                       db_index=False, verbose_name="知识库")
-    lexeme = models.TextField("词位", db_collation="C")
-    df = models.BigIntegerField("文档频率")
-
-    class Meta:
-        db_table = "fulltext_term_stats"
-        verbose_name = "词位文档频率"
-        verbose_name_plural = "词位文档频率"
-
-    def __str__(self) -> str:
-        return f"{self.lexeme}: {self.df}"
 
 
 class RelevanceProfile(models.Model):

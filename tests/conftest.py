@@ -26,6 +26,13 @@ def _isolated_data_dir(settings: Any, tmp_path: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _compact_fulltext_at_once(settings: Any) -> None:
+    """每写入一个文档就把全文 L0 合并成段（生产环境攒够 RAG_FULLTEXT_L0_MAX_CHUNKS 才合并）：检索的测试因此走段里的
+    倒排；不执行提交回调的测试、以及专门的测试（tests/search/test_segments.py）照样覆盖只在 L0 里的分块。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 1
+
+
+@pytest.fixture(autouse=True)
 def _no_reranker_download(settings: Any) -> None:
     """默认的 bge-reranker-v2-m3 在这里无法下载；需要重排序的测试自己装假的或极小的模型。"""
     settings.RERANK_PROVIDER = "none"

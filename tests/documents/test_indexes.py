@@ -1,5 +1,5 @@
 """索引的形状：文档相关的表上没有重复的 b-tree 索引（每个索引都要在每次写入时维护，百万行的分块表上还占几十 MB）；
-全文统计的主键覆盖打分要读的列。"""
+全文引擎的每张表以知识库开头。"""
 
 from __future__ import annotations
 
@@ -30,15 +30,15 @@ def test_no_btree_index_is_a_prefix_of_another_on_the_same_table() -> None:
     assert duplicates == []
 
 
-def test_term_statistics_primary_key_covers_df() -> None:
-    # 前缀词的 df 是主键上一段范围的 df 之和：主键带上 df，这段求和才是仅索引扫描
-    # （见 search/sql/fulltext_storage.v1.sql）
+def test_every_fulltext_table_leads_with_the_knowledge_base() -> None:
+    # 分区或 Citus 按知识库分布时，一个知识库的全文行落在一起：每张全文表的主键都以 knowledge_base_id 开头
+    # （docs/DEPLOYMENT.md；search/sql/fulltext_storage.v2.sql）
     with connection.cursor() as cursor:
         cursor.execute("""
-            SELECT i.indnkeyatts, array_agg(a.attname ORDER BY k.ord)
-            FROM pg_index i JOIN unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
-            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-            WHERE i.indrelid = 'fulltext_term_stats'::regclass AND i.indisprimary
-            GROUP BY i.indnkeyatts
+            SELECT c.relname, a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+            WHERE starts_with(c.relname, 'fulltext_') AND c.relkind = 'r' AND i.indisprimary
         """)
-        assert cursor.fetchall() == [(2, ["knowledge_base_id", "lexeme", "df"])]
+        leading = dict(cursor.fetchall())
+    assert len(leading) == 7
+    assert set(leading.values()) == {"knowledge_base_id"}

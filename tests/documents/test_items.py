@@ -236,6 +236,7 @@ def test_concurrent_upserts_of_one_id_end_with_one_version(kb_factory: Any, fake
 
 def test_selective_filter_still_returns_top_k(client_rw: Any, kb_factory: Any, fake_embedder: FakeEmbedder,
                                               settings: Any) -> None:
+    settings.FULLTEXT_L0_MAX_CHUNKS = 2000  # 一千个条目是一千次提交：按生产的门槛合并，不是每条一次
     kb = kb_factory()
     batch = [items.ItemInput(external_id=f"i{n}", content=f"条目 {n}：通用知识，关于花园与植物的说明。",
                              domain="rare" if n % 100 == 0 else "common", tags=("t",))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import re
@@ -26,13 +27,17 @@ from knowledge.services import knowledge_base_delete
 from raglib import analysis
 from raglib import bm25 as raglib_bm25
 from raglib.analysis import ParsedQuery
-from search import bm25
+from search import bm25, segments
 from search.retrieval import fulltext_scores, fulltext_search
 
 
 def parse_query(query: str) -> ParsedQuery:
     """按当前设置（``RAG_FULLTEXT_ANALYZER``，个别测试改成 jieba）解析查询，与服务的检索路径一致。"""
     return analysis.parse_query(query, analyzer=django_settings.FULLTEXT_ANALYZER)
+
+# 全文引擎的每一张表（都以 knowledge_base_id 开头）
+FULLTEXT_TABLES = ("fulltext_kb_stats", "fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_segments",
+                   "fulltext_dictionary", "fulltext_blocks")
 
 TEXTS = [
     "高血压患者可以服用党参，党参有降血压的作用。",
@@ -233,52 +238,88 @@ def test_coverage_function() -> None:
 
 Operation = tuple[str, int]
 OPERATIONS = st.lists(
-    st.tuples(st.sampled_from(["add", "add", "delete", "reindex", "raw_delete"]), st.integers(0, 20)),
-    min_size=1, max_size=8,
+    st.tuples(st.sampled_from(["add", "add", "delete", "reindex", "raw_delete", "compact", "compact_killed"]),
+              st.integers(0, 20)),
+    min_size=1, max_size=10,
 )
 
 
+class _Killed(Exception):
+    """模拟合并进程在写出新段之后、并段之前被杀：事务回滚。"""
+
+
+def _assert_deleted_never_returned(kb: KnowledgeBase, gone: dict[int, str]) -> None:
+    """删掉的分块（id → 原文）用它自己的原文去搜，也不会被返回。"""
+    for chunk_id, text in list(gone.items())[-3:]:
+        hits = fulltext_search(kb, parse_query(text[:30]), SearchFilters(), limit=50).hits
+        assert chunk_id not in {hit.chunk_id for hit in hits}
+
+
 @pytest.mark.django_db
-@hsettings(max_examples=25, deadline=None,
+@hsettings(max_examples=30, deadline=None,
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(operations=OPERATIONS, cleanup=st.booleans())
 def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operation], cleanup: bool,
-                                                       kb_factory: Any, fake_embedder: Any,
+                                                       kb_factory: Any, fake_embedder: Any, settings: Any,
+                                                       monkeypatch: pytest.MonkeyPatch,
                                                        django_capture_on_commit_callbacks: Any) -> None:
+    """STATISTICS-EXACT 与 DELETED-NEVER-RETURNED：摄取、删除、重新索引、直接删行、合并（含中途被杀的合并）任意交错，
+    每一步之后存储的统计与倒排都等于按分块重算的，删掉的分块无论合并前后都不会被检索到。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 1000  # 合并只在 compact 步骤里发生
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 2)  # 两个段就并：短序列里也有并段与清除删除
     kb = kb_factory()
     documents: list[Document] = []
+    gone: dict[int, str] = {}
+
+    def forget(document: Document) -> None:
+        gone.update(DocumentChunk.objects.filter(document=document).values_list("id", "chunk_text"))
+
     for kind, number in operations:
         if kind == "add":
             text = "\n\n".join(TEXTS[(number + j) % len(TEXTS)] for j in range(1 + number % 3))
             documents.append(_upload(kb, f"f{len(documents)}.md", f"# 标题{number}\n\n{text}",
                                      django_capture_on_commit_callbacks))
         elif documents and kind == "delete":
+            document = documents.pop(number % len(documents))
+            forget(document)
             with django_capture_on_commit_callbacks(execute=True):
-                document_delete(principal=SYSTEM_PRINCIPAL, document_id=documents.pop(number % len(documents)).id)
+                document_delete(principal=SYSTEM_PRINCIPAL, document_id=document.id)
         elif documents and kind == "reindex":
+            document = documents[number % len(documents)]
+            forget(document)
             with django_capture_on_commit_callbacks(execute=True):
-                document_reindex(principal=SYSTEM_PRINCIPAL, document_id=documents[number % len(documents)].id)
+                document_reindex(principal=SYSTEM_PRINCIPAL, document_id=document.id)
         elif kind == "raw_delete":
             chunk = DocumentChunk.objects.filter(knowledge_base=kb).order_by("id").first()
             if chunk is not None:
+                gone[chunk.id] = chunk.chunk_text
                 chunk.delete()  # 绕过服务直接删行：统计照样由触发器维护
-        assert bm25.statistics_mismatches(kb.id) == []
+        elif kind == "compact":
+            segments.compact(kb.id, batch=1 + number % 3)
+        elif kind == "compact_killed":
+            with monkeypatch.context() as patch:
+                patch.setattr(segments, "_merge_due", lambda *args: (_ for _ in ()).throw(_Killed()))
+                with contextlib.suppress(_Killed):  # 还没有统计行的空库不走到那一步
+                    segments.compact(kb.id)
+        assert segments.mismatches(kb.id) == []
+        _assert_deleted_never_returned(kb, gone)
     if cleanup:
         with django_capture_on_commit_callbacks(execute=True):
             knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)
         assert not DocumentChunk.objects.filter(knowledge_base=kb).exists()
-        assert bm25.statistics_mismatches(kb.id) == []
+        assert segments.mismatches(kb.id) == []
 
 
 @pytest.mark.django_db
-def test_rebuild_statistics_repairs_tampered_rows(medical: KnowledgeBase) -> None:
+def test_rebuild_repairs_tampered_segments(medical: KnowledgeBase) -> None:
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE fulltext_term_stats SET df = df + 7 WHERE knowledge_base_id = %s", [medical.id])
-        cursor.execute("DELETE FROM fulltext_postings WHERE knowledge_base_id = %s AND lexeme = %s",
-                       [medical.id, "党参"])
-    assert bm25.statistics_mismatches(medical.id)
-    bm25.rebuild_statistics(medical.id)
-    assert bm25.statistics_mismatches(medical.id) == []
+        cursor.execute("DELETE FROM fulltext_dictionary WHERE ctid = (SELECT min(ctid) FROM fulltext_dictionary"
+                       " WHERE knowledge_base_id = %s)", [medical.id])
+        cursor.execute("UPDATE fulltext_kb_stats SET chunk_count = chunk_count + 7 WHERE knowledge_base_id = %s",
+                       [medical.id])
+    assert segments.mismatches(medical.id)
+    segments.rebuild(medical.id)
+    assert segments.mismatches(medical.id) == []
 
 
 @pytest.mark.django_db
@@ -287,16 +328,23 @@ def test_rebuild_fulltext_switches_analyzer_and_keeps_statistics(medical: Knowle
 
     settings.FULLTEXT_ANALYZER = "jieba"
     call_command("rebuild_fulltext", "--kb", str(medical.id), stdout=io.StringIO())
-    assert bm25.statistics_mismatches(medical.id) == []
+    assert segments.mismatches(medical.id) == []
     assert fulltext_search(medical, parse_query("高血压"), SearchFilters(), limit=5).hits
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_workers_writing_one_knowledge_base_keep_exact_statistics(kb_factory: Any, fake_embedder: Any) -> None:
-    """两个线程（各自的数据库连接）同时向同一知识库摄取、删除：触发器先锁统计行，更新排队而不丢失。"""
+def test_two_writers_and_a_running_compaction_keep_exact_statistics(kb_factory: Any, fake_embedder: Any,
+                                                                      settings: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """两个线程（各自的数据库连接）同时向同一知识库摄取、删除，第三个线程不停地合并：写入只追加 L0 行、不排队等
+    任何共享的行，删除与合并交错（被合并取走的 L0 行、已进段的分块）也不丢、不重。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 1000  # 合并只由第三个线程做
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 2)
     kb = kb_factory()
     errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(3)
+    writing = threading.Event()
+    writing.set()
 
     def worker(offset: int) -> Callable[[], None]:
         def run() -> None:
@@ -307,21 +355,37 @@ def test_two_workers_writing_one_knowledge_base_keep_exact_statistics(kb_factory
                     text = TEXTS[(offset + i) % len(TEXTS)] + f" 编号{offset}-{i}"
                     mine.append(document_upload(kb=kb, filename=f"w{offset}-{i}.txt",
                                                 upload=io.BytesIO(text.encode()), metadata={}, chunking={}))
-                document_delete(principal=SYSTEM_PRINCIPAL, document_id=mine[0].id)
+                    if i % 2:
+                        document_delete(principal=SYSTEM_PRINCIPAL, document_id=mine[i - 1].id)
             except BaseException as exc:  # 断言放在主线程
                 errors.append(exc)
             finally:
                 close_old_connections()
         return run
 
+    def compactor() -> None:
+        try:
+            barrier.wait()
+            while writing.is_set():
+                segments.compact(kb.id, batch=2)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            close_old_connections()
+
     threads = [threading.Thread(target=worker(offset)) for offset in (0, 3)]
-    for thread in threads:
+    merger = threading.Thread(target=compactor)
+    for thread in [*threads, merger]:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
+    writing.clear()
+    merger.join(timeout=120)
     assert not errors
-    assert Document.objects.filter(knowledge_base=kb, status=Document.Status.COMPLETED).count() == 10
-    assert bm25.statistics_mismatches(kb.id) == []
+    assert Document.objects.filter(knowledge_base=kb, status=Document.Status.COMPLETED).count() == 6
+    assert segments.mismatches(kb.id) == []
+    segments.compact(kb.id)
+    assert segments.mismatches(kb.id) == []
 
 
 @pytest.mark.django_db
@@ -330,7 +394,7 @@ def test_hard_deleting_a_knowledge_base_removes_its_statistics(medical: Knowledg
     kb_id = medical.id
     medical.delete()
     with connection.cursor() as cursor:
-        for table in ("fulltext_kb_stats", "fulltext_term_stats", "fulltext_postings"):
+        for table in FULLTEXT_TABLES:
             cursor.execute(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [kb_id])
             assert cursor.fetchone()[0] == 0, table
 
@@ -353,20 +417,23 @@ def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: Knowl
 
 
 @pytest.mark.django_db
-def test_statistics_drop_lets_cleanup_skip_postings_and_spares_other_knowledge_bases(
-        medical: KnowledgeBase, kb_factory: Any, django_capture_on_commit_callbacks: Any) -> None:
-    """整库清理的快路：统计与倒排先整段删掉，之后删分块时触发器跳过这个库；别的库的统计不受影响。"""
+def test_drop_lets_cleanup_skip_the_index_and_spares_other_knowledge_bases(
+        medical: KnowledgeBase, kb_factory: Any, django_capture_on_commit_callbacks: Any, settings: Any) -> None:
+    """整库清理的快路：段与统计行先整段删掉，之后删分块时触发器跳过这个库；别的库的统计不受影响。"""
     other = kb_factory()
     for i, text in enumerate(TEXTS[:3]):
         _upload(other, f"other{i}.txt", text, django_capture_on_commit_callbacks)
-    assert bm25.statistics_drop(medical.id, batch_lexemes=7) > 0  # 小批量：走完分段删除的循环
+    _upload(medical, "late-l0.txt", TEXTS[1], django_capture_on_commit_callbacks)
+    settings.FULLTEXT_L0_MAX_CHUNKS = 1000  # 再写一个留在 L0 里的：整库删除连 L0 一起删
+    _upload(medical, "in-l0.txt", TEXTS[2], django_capture_on_commit_callbacks)
+    assert segments.drop(medical.id, batch_segments=1) > 0  # 小批量：走完分批删除的循环
     DocumentChunk.objects.filter(knowledge_base=medical).first().delete()  # type: ignore[union-attr]
     with connection.cursor() as cursor:
-        for table in ("fulltext_kb_stats", "fulltext_term_stats", "fulltext_postings"):
+        for table in FULLTEXT_TABLES:
             cursor.execute(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [medical.id])
             assert cursor.fetchone()[0] == 0, table
-    assert bm25.statistics_mismatches(other.id) == []
+    assert segments.mismatches(other.id) == []
     # 清理期间才写入的分块重新建起统计行，照常计数
     DocumentChunk.objects.filter(knowledge_base=medical).delete()
     _upload(medical, "late.txt", TEXTS[0], django_capture_on_commit_callbacks)
-    assert bm25.statistics_mismatches(medical.id) == []
+    assert segments.mismatches(medical.id) == []

@@ -21,8 +21,12 @@ FILE_NAME = re.compile(r"(?P<stem>[a-z0-9_]+)\.v(?P<version>[1-9][0-9]*)\.sql")
 # 存储（表、类型）的文件是按编号叠加的变更；其余每个文件都是完整的 CREATE OR REPLACE 定义
 STORAGE = "fulltext_storage"
 DEFINES = re.compile(r"^CREATE OR REPLACE (FUNCTION|TRIGGER) (\w+)", re.MULTILINE)
-# 引擎的表与行类型：与存储文件在空白 schema 里建出来的逐项比较
-STORAGE_RELATIONS = ["fulltext_chunk_delta", "fulltext_postings", "fulltext_term_stats"]
+# 退役的函数：最新一版文件只有 DROP
+RETIRES = re.compile(r"^DROP (FUNCTION|TRIGGER) (\w+)", re.MULTILINE)
+# 引擎的表（统计行 fulltext_kb_stats 是 Django 模型，列由 makemigrations --check 管）：与存储文件在空白 schema 里
+# 建出来的逐项比较
+STORAGE_RELATIONS = ["fulltext_blocks", "fulltext_deleted", "fulltext_dictionary", "fulltext_docs", "fulltext_l0",
+                     "fulltext_segments"]
 
 
 def _versions() -> dict[str, list[Path]]:
@@ -124,14 +128,22 @@ def test_migrations_neither_import_each_other_nor_patch_sql() -> None:
 def test_live_functions_and_triggers_are_the_canonical_files() -> None:
     """数据库里的全文函数与触发器正好是规范文件定义的那些，而且与文件一字不差：把文件原样再执行一遍
     （都是 CREATE OR REPLACE），目录里的定义什么也不变。"""
-    files = _current_definitions()
-    declared = {kind: set() for kind in ("FUNCTION", "TRIGGER")}
-    for path in files:
-        for kind, name in DEFINES.findall(_frozen_sql.read_sql(path.name)[0]):
+    files, retired = [], set()
+    declared: dict[str, set[str]] = {kind: set() for kind in ("FUNCTION", "TRIGGER")}
+    for path in _current_definitions():
+        text = _frozen_sql.read_sql(path.name)[0]
+        defines = DEFINES.findall(text)
+        for kind, name in defines:
             declared[kind].add(name)
+        if defines:
+            files.append(path)
+        else:
+            retired |= {name for _, name in RETIRES.findall(text)}
+    assert retired, "fulltext_stats_apply and fulltext_impact were retired by their v2 files"
     functions, triggers = _live_functions(), _live_triggers()
     assert set(functions) == declared["FUNCTION"]
     assert set(triggers) == declared["TRIGGER"]
+    assert not retired & set(functions)
     with transaction.atomic():
         for path in files:
             _execute(path)
@@ -148,11 +160,10 @@ def test_live_tables_are_the_canonical_storage() -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("CREATE SCHEMA fulltext_engine_check")
         cursor.execute("SET LOCAL search_path TO fulltext_engine_check")
-        # fulltext_term_stats 是 Django 模型建的表（列由 makemigrations --check 管）：照它建一张只带普通主键的，
-        # 存储文件再把主键换成覆盖 df 的、设上存储参数
-        cursor.execute("CREATE TABLE fulltext_term_stats (LIKE public.fulltext_term_stats)")
-        cursor.execute("ALTER TABLE fulltext_term_stats ADD CONSTRAINT fulltext_term_stats_pkey"
-                       " PRIMARY KEY (knowledge_base_id, lexeme)")
+        # v1 的存储文件要改 Django 模型建的词统计表 fulltext_term_stats（v2 的迁移已把它删掉）：照当年的模型建一张
+        cursor.execute("CREATE TABLE fulltext_term_stats (knowledge_base_id uuid NOT NULL,"
+                       " lexeme text COLLATE \"C\" NOT NULL, df bigint NOT NULL,"
+                       " CONSTRAINT fulltext_term_stats_pkey PRIMARY KEY (knowledge_base_id, lexeme))")
         for path in _versions()[STORAGE]:
             _execute(path)
         assert _storage_shape("fulltext_engine_check") == live

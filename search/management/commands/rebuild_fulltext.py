@@ -1,7 +1,7 @@
 """``manage.py rebuild_fulltext``：改了全文切词设置（``RAG_FULLTEXT_ANALYZER``）后，按新设置重算分块的 tsvector。
 
 经全文引擎的 ``index``（:func:`search.retrieval.fulltext_engine`）：不重新解析、不重新向量化；
-PostgreSQL 实现分批 UPDATE，触发器在同一事务里更新 BM25 统计与倒排，检索在重算期间照常可用
+PostgreSQL 实现分批 UPDATE，触发器在同一事务里把分块换进 L0，最后合并成段；检索在重算期间照常可用
 （同一知识库里新旧切法的分块会短暂并存，重算完即一致）。
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_by_name_or_id
 from search.retrieval import fulltext_engine
 
@@ -31,6 +32,11 @@ class Command(BaseCommand):
                 raise CommandError(f"knowledge base {options['kb']!r} does not exist")
             kb_id = kb.id
         started = time.monotonic()
-        count = fulltext_engine().index(kb_id=kb_id)
+        engine = fulltext_engine()
+        count = engine.index(kb_id=kb_id)
+        # 重算过的分块进了 L0（旧的序号进了删除集）：马上合并成段，不等定时任务
+        kbs = [kb_id] if kb_id else list(KnowledgeBase.objects.values_list("id", flat=True))
+        for each in kbs:
+            engine.compact(each)
         self.stdout.write(f"已按 {settings.FULLTEXT_ANALYZER} 切法重算 {count} 个分块的全文索引，"
                           f"用时 {time.monotonic() - started:.1f} s")

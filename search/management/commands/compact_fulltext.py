@@ -1,0 +1,57 @@
+"""``manage.py compact_fulltext``：把全文引擎 L0 里的分块合并成段（全部知识库，或 ``--kb`` 指定的一个）。
+
+平时由写入后入队的任务与每分钟的定时任务做（``ops.tasks.compact_fulltext``）；升级到 v2 引擎的迁移把已有分块
+全部放进 L0，这个命令把它们转成段并显示进度。每批（``RAG_FULLTEXT_COMPACT_BATCH`` 个分块）一个事务：
+中断（Ctrl-C、SIGTERM、断电）后再运行，从剩下的接着做，已提交的批不会重做；检索在整个过程中照常可用。
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from knowledge.selectors import knowledge_base_by_name_or_id
+from search import segments
+
+
+class Command(BaseCommand):
+    help = "把全文引擎 L0 里的分块合并成段（全部知识库，或 --kb 指定的一个），显示进度，可中断后续做。"
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--kb", metavar="KB", help="知识库 id 或名称（默认全部）")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        kb_filter = None
+        if options["kb"]:
+            kb = knowledge_base_by_name_or_id(options["kb"])
+            if kb is None:
+                raise CommandError(f"knowledge base {options['kb']!r} does not exist")
+            kb_filter = kb.id
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT knowledge_base_id, count(*) FROM fulltext_l0"
+                           " WHERE %s::uuid IS NULL OR knowledge_base_id = %s GROUP BY 1 ORDER BY 2",
+                           [kb_filter, kb_filter])
+            pending = cursor.fetchall()
+        if not pending:
+            self.stdout.write("没有待合并的分块")
+            return
+        total = sum(int(count) for _, count in pending)
+        done, started = 0, time.monotonic()
+        for kb_id, count in pending:
+            self.stdout.write(f"知识库 {kb_id}：{count} 个分块待合并")
+            while True:
+                # 一批一个事务：每批之后报告进度，中断时已提交的批保留
+                result = segments.compact(kb_id, batch=settings.FULLTEXT_COMPACT_BATCH, once=True)
+                done += result.chunks
+                elapsed = time.monotonic() - started
+                self.stdout.write(f"  {done}/{total} 个分块（{done / max(elapsed, 1e-9):.0f} 个/s），"
+                                  f"新段 {result.segments}，并掉 {result.merged} 段，清除已删 {result.purged}")
+                if result.chunks < settings.FULLTEXT_COMPACT_BATCH:
+                    break
+        # 升级时全部分块都经过 L0：合并完把 L0 的表与索引缩回去（平时 L0 只有几千行，这一步很快）
+        segments.shrink_l0()
+        self.stdout.write(f"完成：{done} 个分块，用时 {time.monotonic() - started:.1f} s")

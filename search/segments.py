@@ -1,0 +1,395 @@
+"""全文引擎 v2 的写侧：把 L0 合并成段、合并相邻的段、整库删除、重建与核对。
+
+存储布局（表的定义与为什么见 ``search/sql/fulltext_storage.v2.sql``）：
+
+- 写入分块时触发器只往 ``fulltext_l0`` 追加一行（``fulltext_stats_maintain.v2.sql``）；
+- :func:`compact` 在一个事务里取走一个知识库 L0 的一批行，按顺序分配稠密的 int4 序号，编成一个新段
+  （词典块 + 倒排块，字节格式见 :mod:`raglib.lexicon`、:mod:`raglib.postings`），再按合并策略并掉相邻的小段；
+- 删除已合并的分块只在 ``fulltext_deleted`` 记一行；段被合并时，落在它序号范围里的删除一并清掉。
+
+合并在知识库统计行上加行锁（``FOR UPDATE``），同一知识库的合并依次进行；写入分块不碰这一行，不受合并影响。
+事务中途被杀（进程被 SIGKILL、数据库重启）时整批回滚：L0 的行还在，段没写出，索引保持合并前的样子，照常可查。
+
+合并策略（Lucene 的 LogMergePolicy 的做法）：段按分块数分层，第 k 层是 ``[B·F^k, B·F^(k+1))``；最新的
+``F`` 个相邻的段落在同一层就并成一个（F = ``MERGE_FACTOR``）。段数因此约为 ``(F-1)·层数``，每个倒排一生中被
+重写约 log_F(N/B) 次。删除超过段内分块五分之一的段单独重写一次，把删掉的倒排清出去。
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+
+from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, read_segment
+from raglib.postings import Postings, capped_tf, norm_bytes
+
+# 相邻的这么多个同层段并成一个
+MERGE_FACTOR = 8
+# 第 0 层的上界（分块数）：比这小的段都算同一层
+_BASE_DOCS = 1000
+# 段内被删的分块超过这个比例就单独重写
+_PURGE_RATIO = 0.2
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """一次 :func:`compact` 做了什么：合并进段的 L0 分块数、新写的段数、并掉的段数、清出的已删分块数。"""
+
+    chunks: int = 0
+    segments: int = 0
+    merged: int = 0
+    purged: int = 0
+
+    def __add__(self, other: CompactResult) -> CompactResult:
+        return CompactResult(self.chunks + other.chunks, self.segments + other.segments,
+                             self.merged + other.merged, self.purged + other.purged)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    segment_id: int
+    first: int
+    end: int
+    docs: int
+
+
+# ---------------------------------------------------------------- 合并：L0 → 段
+
+
+def compact_due(*, kb_id: uuid.UUID | None = None, min_chunks: int = 1) -> dict[uuid.UUID, CompactResult]:
+    """合并 L0 里至少有 ``min_chunks`` 个分块、或删除集不空的知识库（``kb_id`` 限定一个）；正在被别人合并的跳过。"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.knowledge_base_id FROM fulltext_kb_stats s WHERE (%s::uuid IS NULL OR s.knowledge_base_id = %s)"
+            " AND ((SELECT count(*) FROM (SELECT 1 FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id"
+            " LIMIT %s) x) >= %s OR EXISTS (SELECT 1 FROM fulltext_deleted d"
+            " WHERE d.knowledge_base_id = s.knowledge_base_id))", [kb_id, kb_id, min_chunks, min_chunks])
+        due = [row[0] for row in cursor.fetchall()]
+    done = {}
+    for kb in due:
+        result = compact(kb, wait=False)
+        if result.chunks or result.segments:
+            done[kb] = result
+    return done
+
+
+def compact(kb_id: uuid.UUID, *, batch: int | None = None, wait: bool = True, once: bool = False) -> CompactResult:
+    """把知识库 L0 里的分块全部合并成段（每 ``batch`` 个分块一个段、一个事务），再按合并策略并段、清删除。
+
+    ``wait=False`` 时同一知识库正在合并就立即返回（定时任务与写入后入队的任务用）；``once`` 只做一批
+    （``manage.py compact_fulltext`` 每批报告一次进度）。
+    """
+    batch = batch or settings.FULLTEXT_COMPACT_BATCH
+    result = CompactResult()
+    while True:
+        step = _compact_once(kb_id, batch, wait)
+        result += step
+        if once or step.chunks < batch:
+            return result
+
+
+# 合并在统计行上加行锁：同一知识库的合并依次进行，写入分块不碰这一行
+_LOCK_STATE_SQL = "SELECT next_ordinal, next_segment FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE"
+
+
+def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_LOCK_STATE_SQL if wait else _LOCK_STATE_SQL + " SKIP LOCKED", [kb_id])
+        state = cursor.fetchone()
+        if state is None:
+            # 没有统计行的知识库没有全文数据（正在清理，或从没写过）；或者别人正在合并它
+            return CompactResult()
+        next_ordinal, next_segment = int(state[0]), int(state[1])
+        # 取走一批 L0 行并锁住：同时删除其中某个分块的事务等到这里提交，再到 fulltext_docs 里找它（见触发器的注释）。
+        # 别的事务正在删的行（已加锁）跳过，留给下一次
+        cursor.execute(
+            "DELETE FROM fulltext_l0 WHERE knowledge_base_id = %s AND chunk_id IN (SELECT chunk_id FROM fulltext_l0"
+            " WHERE knowledge_base_id = %s ORDER BY chunk_id LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " RETURNING chunk_id, length, lexemes, title_tf, body_tf",
+            [kb_id, kb_id, batch],
+        )
+        rows = sorted(cursor.fetchall())
+        result = CompactResult()
+        if rows:
+            end = next_ordinal + len(rows)
+            lexemes, postings = _l0_postings(rows, next_ordinal)
+            _write_segment(cursor, kb_id, _Segment(next_segment, next_ordinal, end, len(rows)),
+                           build_segment(lexemes, postings))
+            cursor.execute(
+                "INSERT INTO fulltext_docs (knowledge_base_id, ordinal, chunk_id, length)"
+                " SELECT %s, o, c, l FROM unnest(%s::int[], %s::bigint[], %s::int[]) AS r(o, c, l)",
+                [kb_id, list(range(next_ordinal, end)), [row[0] for row in rows], [row[1] for row in rows]],
+            )
+            cursor.execute(
+                "UPDATE fulltext_kb_stats SET chunk_count = chunk_count + %s, total_length = total_length + %s,"
+                " next_ordinal = %s, next_segment = %s WHERE knowledge_base_id = %s",
+                [len(rows), sum(int(row[1]) for row in rows), end, next_segment + 1, kb_id],
+            )
+            next_segment += 1
+            result = CompactResult(chunks=len(rows), segments=1)
+        return result + _merge_due(cursor, kb_id, next_segment)
+
+
+def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[list[str], Postings]:
+    """L0 的行（按分块 id 排好）→ 词位表与倒排：第 i 行的分块得到序号 ``first_ordinal + i``。"""
+    lexemes = sorted({lexeme for row in rows for lexeme in row[2]})
+    index = {lexeme: i for i, lexeme in enumerate(lexemes)}
+    sizes = np.array([len(row[2]) for row in rows], dtype=np.int64)
+    docs = np.repeat(np.arange(first_ordinal, first_ordinal + len(rows), dtype=np.int64), sizes)
+    lengths = np.repeat(np.array([row[1] for row in rows], dtype=np.int64), sizes)
+    terms = np.fromiter((index[lexeme] for row in rows for lexeme in row[2]), dtype=np.int32, count=int(sizes.sum()))
+    title = np.fromiter((tf for row in rows for tf in row[3]), dtype=np.int64, count=len(terms))
+    body = np.fromiter((tf for row in rows for tf in row[4]), dtype=np.int64, count=len(terms))
+    return lexemes, Postings(terms, docs, np.clip(title, 0, 255).astype(np.uint8),
+                             np.clip(body, 0, 255).astype(np.uint8), norm_bytes(lengths))
+
+
+def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: SegmentRows) -> None:
+    cursor.execute("INSERT INTO fulltext_segments (knowledge_base_id, segment_id, first_ordinal, end_ordinal,"
+                   " doc_count) VALUES (%s, %s, %s, %s, %s)",
+                   [kb_id, segment.segment_id, segment.first, segment.end, segment.docs])
+    if rows.dictionary:
+        cursor.execute("INSERT INTO fulltext_dictionary (knowledge_base_id, segment_id, first_lexeme, data)"
+                       " SELECT %s, %s, f, d FROM unnest(%s::text[], %s::bytea[]) AS r(f, d)",
+                       [kb_id, segment.segment_id, [first for first, _ in rows.dictionary],
+                        [data for _, data in rows.dictionary]])
+    if rows.blocks:
+        cursor.execute("INSERT INTO fulltext_blocks (knowledge_base_id, segment_id, lexeme, block_no, data)"
+                       " SELECT %s, %s, l, n, d FROM unnest(%s::text[], %s::int[], %s::bytea[]) AS r(l, n, d)",
+                       [kb_id, segment.segment_id, [row[0] for row in rows.blocks], [row[1] for row in rows.blocks],
+                        [row[2] for row in rows.blocks]])
+
+
+# ---------------------------------------------------------------- 并段与清除删除
+
+
+def _tier(docs: int) -> int:
+    return 0 if docs < _BASE_DOCS else 1 + int(math.log(docs / _BASE_DOCS, MERGE_FACTOR))
+
+
+def _segments(cursor: Any, kb_id: uuid.UUID) -> list[_Segment]:
+    cursor.execute("SELECT segment_id, first_ordinal, end_ordinal, doc_count FROM fulltext_segments"
+                   " WHERE knowledge_base_id = %s ORDER BY first_ordinal", [kb_id])
+    return [_Segment(*map(int, row)) for row in cursor.fetchall()]
+
+
+def _merge_due(cursor: Any, kb_id: uuid.UUID, next_segment: int) -> CompactResult:
+    """按合并策略并段：最新的 MERGE_FACTOR 个相邻段同层就并掉，直到没有可并的；再重写删除过多的段。"""
+    result = CompactResult()
+    while True:
+        segments = _segments(cursor, kb_id)
+        tail = segments[-MERGE_FACTOR:]
+        if len(tail) < MERGE_FACTOR or len({_tier(segment.docs) for segment in tail}) != 1:
+            break
+        result += _merge(cursor, kb_id, tail, next_segment)
+        next_segment += 1
+    cursor.execute("SELECT s.segment_id FROM fulltext_segments s WHERE s.knowledge_base_id = %s"
+                   " AND (SELECT count(*) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id"
+                   " AND d.ordinal >= s.first_ordinal AND d.ordinal < s.end_ordinal) > %s * s.doc_count",
+                   [kb_id, _PURGE_RATIO])
+    heavy = {int(row[0]) for row in cursor.fetchall()}
+    for segment in (s for s in _segments(cursor, kb_id) if s.segment_id in heavy):
+        result += _merge(cursor, kb_id, [segment], next_segment)
+        next_segment += 1
+    if result.segments:
+        cursor.execute("UPDATE fulltext_kb_stats SET next_segment = %s WHERE knowledge_base_id = %s",
+                       [next_segment, kb_id])
+    return result
+
+
+def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_id: int) -> CompactResult:
+    """把相邻的几个段（序号范围连成一段）并成一个新段，清掉范围里已删除分块的倒排与删除集的行。
+
+    删除集在这条语句的快照里读：之后才提交的删除留在删除集里，查询照样过滤，下一次合并再清。
+    """
+    first, end = segments[0].first, segments[-1].end
+    ids = [segment.segment_id for segment in segments]
+    cursor.execute("DELETE FROM fulltext_deleted WHERE knowledge_base_id = %s AND ordinal >= %s AND ordinal < %s"
+                   " RETURNING ordinal, length", [kb_id, first, end])
+    purged = cursor.fetchall()
+    lexemes, postings = _read_segments(cursor, kb_id, ids)
+    postings = postings.without_docs(np.array([row[0] for row in purged], dtype=np.int64))
+    _delete_segments(cursor, kb_id, ids)
+    docs = sum(segment.docs for segment in segments) - len(purged)
+    _write_segment(cursor, kb_id, _Segment(segment_id, first, end, docs), build_segment(lexemes, postings))
+    if purged:
+        cursor.execute("UPDATE fulltext_kb_stats SET chunk_count = chunk_count - %s,"
+                       " total_length = total_length - %s WHERE knowledge_base_id = %s",
+                       [len(purged), sum(int(row[1]) for row in purged), kb_id])
+    return CompactResult(segments=1, merged=len(segments), purged=len(purged))
+
+
+def _delete_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int]) -> None:
+    cursor.execute("DELETE FROM fulltext_blocks WHERE knowledge_base_id = %s AND segment_id = ANY(%s)", [kb_id, ids])
+    cursor.execute("DELETE FROM fulltext_dictionary WHERE knowledge_base_id = %s AND segment_id = ANY(%s)",
+                   [kb_id, ids])
+    cursor.execute("DELETE FROM fulltext_segments WHERE knowledge_base_id = %s AND segment_id = ANY(%s)", [kb_id, ids])
+
+
+def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int]) -> tuple[list[str], Postings]:
+    """几个段的全部倒排，词位统一成一张表（下标即 ``Postings.terms``）。"""
+    parts: list[tuple[list[str], Postings]] = []
+    for segment_id in ids:
+        cursor.execute("SELECT data FROM fulltext_dictionary WHERE knowledge_base_id = %s AND segment_id = %s",
+                       [kb_id, segment_id])
+        dictionary = [bytes(row[0]) for row in cursor.fetchall()]
+        cursor.execute("SELECT lexeme, data FROM fulltext_blocks WHERE knowledge_base_id = %s AND segment_id = %s",
+                       [kb_id, segment_id])
+        parts.append(read_segment(dictionary, [(lexeme, bytes(data)) for lexeme, data in cursor.fetchall()]))
+    lexemes = sorted({lexeme for part_lexemes, _ in parts for lexeme in part_lexemes})
+    index = {lexeme: i for i, lexeme in enumerate(lexemes)}
+    remapped = []
+    for part_lexemes, postings in parts:
+        mapping = np.array([index[lexeme] for lexeme in part_lexemes], dtype=np.int32)
+        remapped.append(Postings(mapping[postings.terms] if len(postings) else postings.terms, postings.docs,
+                                 postings.title_tf, postings.body_tf, postings.norms))
+    return lexemes, Postings.concat(remapped) if remapped else Postings.empty()
+
+
+def shrink_l0() -> bool:
+    """大批合并之后（升级时整库的分块都经过 L0）把 L0 的表与索引缩回去：VACUUM 只把空出的页留着复用，GIN 索引
+    不会变小（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）。CONCURRENTLY 不挡写入。
+    VACUUM 与 REINDEX CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做，返回 False。"""
+    if connection.in_atomic_block:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM fulltext_l0")
+        cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_lexemes")
+        cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_pkey")
+    return True
+
+
+# ---------------------------------------------------------------- 整库删除、重建、核对
+
+
+def drop(kb_id: uuid.UUID, *, batch_segments: int = 20) -> int:
+    """整库清理的快路：分批删掉知识库的段（倒排块与词典块）与序号表，最后删统计行；返回删掉的段数。
+
+    统计行不在时触发器对这个知识库的删除什么也不做（``search/sql/fulltext_stats_maintain.v2.sql``），之后逐批删分块
+    不再逐个查找全文数据。统计行上的触发器（``fulltext_kb_stats_dropped``）删掉剩下的行（L0、删除集，以及这期间
+    新写入的）。删完之后才写入的分块会重新建起统计行，所以清理结束时要再调一次。
+    """
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT segment_id FROM fulltext_segments WHERE knowledge_base_id = %s"
+                           " ORDER BY segment_id LIMIT %s", [kb_id, batch_segments])
+            ids = [int(row[0]) for row in cursor.fetchall()]
+            if not ids:
+                break
+            _delete_segments(cursor, kb_id, ids)
+            deleted += len(ids)
+    with transaction.atomic(), connection.cursor() as cursor:
+        # 先锁住统计行：正在提交的合并先做完，再删
+        cursor.execute("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb_id])
+        cursor.execute("DELETE FROM fulltext_kb_stats WHERE knowledge_base_id = %s", [kb_id])
+    return deleted
+
+
+def rebuild(kb_id: uuid.UUID) -> CompactResult:
+    """从分块的 tsvector 重建一个知识库的全部全文数据（不重新切词；切法变了先用 reindex 重算 tsvector）。
+
+    先整库删除，再在一个语句里把全部可检索分块放进 L0（与触发器同一个词项定义 ``fulltext_chunk_terms``），
+    然后合并成段。期间写入的分块照常进 L0（主键冲突的跳过），不会丢。
+    """
+    drop(kb_id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("INSERT INTO fulltext_kb_stats (knowledge_base_id, chunk_count, total_length, next_ordinal,"
+                       " next_segment) VALUES (%s, 0, 0, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
+        # 锁住这些分块不让并发的删除插队：删除等到这里提交，它的触发器才看得到 L0 的行并删掉它
+        cursor.execute(
+            "INSERT INTO fulltext_l0 (knowledge_base_id, chunk_id, length, lexemes, title_tf, body_tf)"
+            " SELECT c.knowledge_base_id, c.id, coalesce(c.search_length, 0), t.lexemes, t.title_tf, t.body_tf"
+            " FROM (SELECT * FROM document_chunks WHERE knowledge_base_id = %s AND role <> 'parent' FOR KEY SHARE) c"
+            " CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector) t ON CONFLICT DO NOTHING",
+            [kb_id],
+        )
+    return compact(kb_id)
+
+
+def mismatches(kb_id: uuid.UUID) -> list[str]:
+    """存储的全文数据与按分块重算的差异（人能读的描述）；空列表表示完全一致。
+
+    比较三样：可见的倒排（段里的减去删除集，加上 L0）与按 tsvector 重算的逐条相同（词频封顶、长度量化之后）；
+    N 与总词数（统计行 + L0 - 删除集）；每个词的 df（各段词典 + L0 - 删除集）。另外检查每个可检索分块恰好在
+    L0 或序号表里出现一次。
+    """
+    problems: list[str] = []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
+                       [kb_id])
+        state = cursor.fetchone()
+        cursor.execute("SELECT c.id, coalesce(c.search_length, 0), t.lexemes, t.title_tf, t.body_tf"
+                       " FROM document_chunks c CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector) t"
+                       " WHERE c.knowledge_base_id = %s AND c.role <> 'parent'", [kb_id])
+        chunks = cursor.fetchall()
+        if state is None:
+            return [f"{len(chunks)} searchable chunks but no statistics row"] if chunks else []
+        counted = _posting_set(chunks)
+        cursor.execute("SELECT chunk_id, length, lexemes, title_tf, body_tf FROM fulltext_l0"
+                       " WHERE knowledge_base_id = %s", [kb_id])
+        l0 = cursor.fetchall()
+        cursor.execute("SELECT ordinal, chunk_id, length FROM fulltext_docs WHERE knowledge_base_id = %s", [kb_id])
+        docs = {int(o): (int(c), int(n)) for o, c, n in cursor.fetchall()}
+        cursor.execute("SELECT ordinal, length, lexemes FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
+        deleted = cursor.fetchall()
+        lexemes, postings = _read_segments(cursor, kb_id, [s.segment_id for s in _segments(cursor, kb_id)])
+        dictionary_dfs = _dictionary_dfs(cursor, kb_id)
+    chunk_ids = [int(row[0]) for row in l0] + [chunk for chunk, _ in docs.values()]
+    if sorted(chunk_ids) != sorted(int(row[0]) for row in chunks):
+        problems.append(f"indexed chunks {len(chunk_ids)} (distinct {len(set(chunk_ids))}) != searchable chunks"
+                        f" {len(chunks)}")
+    live = postings.without_docs(np.array([int(row[0]) for row in deleted], dtype=np.int64))
+    stored = _posting_set(l0)
+    for term, doc, title, body, norm in zip(live.terms.tolist(), live.docs.tolist(), live.title_tf.tolist(),
+                                            live.body_tf.tolist(), live.norms.tolist(), strict=True):
+        chunk = docs.get(doc, (None, 0))[0]
+        stored.add((chunk, lexemes[term], title, body, norm))
+    problems += [f"posting {row!r} stored but not counted" for row in sorted(stored - counted, key=repr)[:20]]
+    problems += [f"posting {row!r} counted but not stored" for row in sorted(counted - stored, key=repr)[:20]]
+    n = int(state[0]) + len(l0) - len(deleted)
+    total = int(state[1]) + sum(int(row[1]) for row in l0) - sum(int(row[1]) for row in deleted)
+    if (n, total) != (len(chunks), sum(int(row[1]) for row in chunks)):
+        problems.append(f"chunks/length stored {(n, total)} != counted {(len(chunks), sum(int(r[1]) for r in chunks))}")
+    dfs = dict(dictionary_dfs)
+    for row in l0:
+        for lexeme in row[2]:
+            dfs[lexeme] = dfs.get(lexeme, 0) + 1
+    for row in deleted:
+        for lexeme in row[2]:
+            dfs[lexeme] = dfs.get(lexeme, 0) - 1
+    recount: dict[str, int] = {}
+    for row in chunks:
+        for lexeme in row[2]:
+            recount[lexeme] = recount.get(lexeme, 0) + 1
+    for lexeme in sorted(set(dfs) | set(recount)):
+        if dfs.get(lexeme, 0) != recount.get(lexeme, 0):
+            problems.append(f"df({lexeme!r}) stored {dfs.get(lexeme, 0)} != counted {recount.get(lexeme, 0)}")
+    return problems
+
+
+def _posting_set(rows: Sequence[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+    """(分块 id, 词位, 标题词频, 正文词频, 长度字节)，词频封顶、长度量化，与段里存的口径相同。"""
+    result = set()
+    for chunk_id, length, lexemes, titles, bodies in rows:
+        norm = int(norm_bytes(np.array([length]))[0])
+        for lexeme, title, body in zip(lexemes, titles, bodies, strict=True):
+            result.add((int(chunk_id), lexeme, capped_tf(title), capped_tf(body), norm))
+    return result
+
+
+def _dictionary_dfs(cursor: Any, kb_id: uuid.UUID) -> dict[str, int]:
+    """各段词典里记的 df 之和（含删除集里的分块）。"""
+    cursor.execute("SELECT data FROM fulltext_dictionary WHERE knowledge_base_id = %s", [kb_id])
+    dfs: dict[str, int] = {}
+    for (data,) in cursor.fetchall():
+        for entry in decode_dictionary_block(bytes(data)):
+            dfs[entry.lexeme] = dfs.get(entry.lexeme, 0) + entry.df
+    return dfs

@@ -1,0 +1,167 @@
+"""全文引擎 v2 的写侧（search.segments）：L0 与段的检索结果一致、合并策略、删除的清除、定时任务与命令、升级回填。"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import itertools
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from documents.filters import SearchFilters
+from documents.models import Document, DocumentChunk
+from documents.services import document_delete, document_upload
+from infra.principal import SYSTEM_PRINCIPAL
+from knowledge.models import KnowledgeBase
+from ops.tasks import compact_fulltext
+from raglib import analysis
+from search import segments
+from search.retrieval import fulltext_search
+
+TEXTS = [
+    "高血压患者可以服用党参，党参有降血压的作用。",
+    "乙肝病毒携带者需要定期复查肝功能和乙肝五项。",
+    "胃胀多由饮食不规律引起，建议少食多餐。",
+    "Hypertension patients should monitor blood pressure daily.",
+    "高血压 hypertension 与糖尿病常常同时出现，需要控制饮食。",
+    "肝功能异常时应避免饮酒，并复查乙肝病毒定量。",
+    "感冒发烧多喝水，注意休息。",
+    "The liver function test includes ALT and AST.",
+]
+QUERIES = ["高血压能吃党参吗", "乙肝 肝功能 复查", "hypertension blood pressure", "肝", "饮食 控制"]
+
+
+def _upload(kb: KnowledgeBase, name: str, text: str, capture: Any) -> Document:
+    with capture(execute=True):
+        return document_upload(kb=kb, filename=name, upload=io.BytesIO(text.encode()), metadata={}, chunking={})
+
+
+def _results(kb: KnowledgeBase) -> list[list[tuple[int, float]]]:
+    return [[(hit.chunk_id, round(hit.value, 9)) for hit in fulltext_search(
+        kb, analysis.parse_query(query, analyzer="bigram"), SearchFilters(), limit=20).hits] for query in QUERIES]
+
+
+def _count(table: str, kb: KnowledgeBase) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [kb.id])
+        return int(cursor.fetchone()[0])
+
+
+@pytest.fixture
+def in_l0(kb_factory: Any, fake_embedder: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> KnowledgeBase:
+    """全部分块还在 L0 里的知识库（合并门槛调高）。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 10_000
+    kb = kb_factory()
+    for i, text in enumerate(TEXTS):
+        _upload(kb, f"doc{i}.txt", text, django_capture_on_commit_callbacks)
+    return kb
+
+
+@pytest.mark.django_db
+def test_l0_segments_and_a_mix_of_both_rank_identically(in_l0: KnowledgeBase,
+                                                        django_capture_on_commit_callbacks: Any) -> None:
+    """同一组分块，全在 L0、全在段里、一半一半（外加删掉又写回的），检索结果与分数逐一相同。"""
+    assert _count("fulltext_l0", in_l0) == len(TEXTS) and _count("fulltext_segments", in_l0) == 0
+    from_l0 = _results(in_l0)
+    segments.compact(in_l0.id, batch=3)  # 三个一段：几个段
+    assert _count("fulltext_l0", in_l0) == 0 and _count("fulltext_segments", in_l0) >= 2
+    assert _results(in_l0) == from_l0
+    # 删掉一个已进段的文档再原样写回：段里留着它的旧倒排（删除集过滤），新分块在 L0
+    document = Document.objects.filter(knowledge_base=in_l0).order_by("created_at").first()
+    assert document is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        document_delete(principal=SYSTEM_PRINCIPAL, document_id=document.id)
+    _upload(in_l0, "again.txt", TEXTS[0], django_capture_on_commit_callbacks)
+    assert _count("fulltext_deleted", in_l0) == 1 and _count("fulltext_l0", in_l0) == 1
+    mixed = _results(in_l0)
+    assert segments.mismatches(in_l0.id) == []
+    segments.compact(in_l0.id)
+    assert _results(in_l0) == mixed
+    assert segments.mismatches(in_l0.id) == []
+
+
+@pytest.mark.django_db
+def test_adjacent_segments_of_one_tier_merge(in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 3)
+    result = segments.compact(in_l0.id, batch=1)  # 8 个分块，一个一段：每满 3 个同层段就并
+    assert result.chunks == len(TEXTS) and result.merged >= 3
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT first_ordinal, end_ordinal, doc_count FROM fulltext_segments"
+                       " WHERE knowledge_base_id = %s ORDER BY first_ordinal", [in_l0.id])
+        ranges = cursor.fetchall()
+    assert len(ranges) < 3  # 同层的段不会攒到 MERGE_FACTOR 个
+    # 段的序号范围首尾相接，覆盖全部分块
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(TEXTS)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    assert segments.mismatches(in_l0.id) == []
+
+
+@pytest.mark.django_db
+def test_a_segment_with_many_deletions_is_rewritten(in_l0: KnowledgeBase,
+                                                    django_capture_on_commit_callbacks: Any) -> None:
+    segments.compact(in_l0.id)
+    for document in Document.objects.filter(knowledge_base=in_l0).order_by("created_at")[:3]:
+        with django_capture_on_commit_callbacks(execute=True):
+            document_delete(principal=SYSTEM_PRINCIPAL, document_id=document.id)
+    assert _count("fulltext_deleted", in_l0) == 3
+    result = segments.compact(in_l0.id)
+    assert result.purged == 3  # 三成被删，超过五分之一：段重写，删除集清空
+    assert _count("fulltext_deleted", in_l0) == 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT chunk_count FROM fulltext_kb_stats WHERE knowledge_base_id = %s", [in_l0.id])
+        assert cursor.fetchone()[0] == len(TEXTS) - 3
+    assert segments.mismatches(in_l0.id) == []
+
+
+@pytest.mark.django_db
+def test_the_task_compacts_when_due_and_the_schedule_compacts_everything(in_l0: KnowledgeBase,
+                                                                         settings: Any) -> None:
+    settings.FULLTEXT_L0_MAX_CHUNKS = len(TEXTS) + 1
+    compact_fulltext(str(in_l0.id), due_only=True)  # 写入后入队的：L0 还没攒够，不合并
+    assert _count("fulltext_l0", in_l0) == len(TEXTS)
+    compact_fulltext()  # 每分钟的定时任务：有 L0 的知识库都合并
+    assert _count("fulltext_l0", in_l0) == 0 and _count("fulltext_docs", in_l0) == len(TEXTS)
+
+
+@pytest.mark.django_db
+def test_ingestion_queues_a_compaction_once_enough_chunks_were_written(
+        kb_factory: Any, fake_embedder: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    settings.FULLTEXT_L0_MAX_CHUNKS = 3
+    kb = kb_factory()
+    for i, text in enumerate(TEXTS[:2]):
+        _upload(kb, f"doc{i}.txt", text, django_capture_on_commit_callbacks)
+    assert _count("fulltext_l0", kb) == 2  # 本进程写了 2 个分块，还没到门槛
+    _upload(kb, "doc2.txt", TEXTS[2], django_capture_on_commit_callbacks)
+    assert _count("fulltext_l0", kb) == 0 and _count("fulltext_docs", kb) == 3
+
+
+@pytest.mark.django_db
+def test_compact_command_reports_progress_batch_by_batch(in_l0: KnowledgeBase, settings: Any) -> None:
+    settings.FULLTEXT_COMPACT_BATCH = 3
+    out = io.StringIO()
+    call_command("compact_fulltext", "--kb", in_l0.name, stdout=out)
+    lines = out.getvalue().splitlines()
+    assert f"{len(TEXTS)} 个分块待合并" in lines[0]
+    assert [line.split("/")[0].strip() for line in lines[1:4]] == ["3", "6", "8"]
+    assert "完成：8 个分块" in lines[-1]
+    out = io.StringIO()
+    call_command("compact_fulltext", stdout=out)  # 再运行：没有剩下的
+    assert out.getvalue().strip() == "没有待合并的分块"
+
+
+@pytest.mark.django_db
+def test_upgrade_backfill_puts_existing_chunks_into_l0(in_l0: KnowledgeBase) -> None:
+    """迁移 search.0008 的回填：v1 时代的库（有统计行与分块，没有 L0 与段）放进 L0 后立即可查、统计精确。"""
+    segments.compact(in_l0.id)
+    expected = _results(in_l0)
+    with connection.cursor() as cursor:
+        for table in ("fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_blocks", "fulltext_dictionary",
+                      "fulltext_segments"):
+            cursor.execute(f"DELETE FROM {table} WHERE knowledge_base_id = %s", [in_l0.id])
+        cursor.execute(importlib.import_module("search.migrations.0008_fulltext_segments").BACKFILL_SQL)
+    assert _count("fulltext_l0", in_l0) == DocumentChunk.objects.filter(knowledge_base=in_l0).count()
+    assert segments.mismatches(in_l0.id) == []
+    assert _results(in_l0) == expected
