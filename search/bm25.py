@@ -130,19 +130,25 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         [kb_id, exact, bool(prefixes), exact, prefixes],
     )
     l0 = [(int(c), int(n_), lexeme, int(t), int(b)) for c, n_, lexeme, t, b in cursor.fetchall()]
-    cursor.execute(
-        "SELECT d.ordinal, ARRAY(SELECT x FROM unnest(d.lexemes) x WHERE x = ANY(%s::text[])"
-        " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(x, p)))"
-        " FROM fulltext_deleted d WHERE d.knowledge_base_id = %s", [exact, prefixes, kb_id])
-    deleted_rows = cursor.fetchall()
+    # 删除集：全部序号（主键上的仅索引扫描），以及每个查询词在其中出现的次数——精确词走 lexemes 的 GIN 索引，
+    # 不把每个被删分块的词位数组都展开；前缀词少见，才逐行展开
+    cursor.execute("SELECT ordinal FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
+    deleted = np.array(sorted(int(row[0]) for row in cursor.fetchall()), dtype=np.int64)
+    removed: dict[tuple[str, bool], int] = {}
+    if len(deleted):
+        cursor.execute(
+            "SELECT q.lexeme, false, (SELECT count(*) FROM fulltext_deleted d WHERE d.knowledge_base_id = %s"
+            "  AND d.lexemes @> ARRAY[q.lexeme]) FROM unnest(%s::text[]) q(lexeme)"
+            " UNION ALL SELECT p.low, true, (SELECT count(*) FROM fulltext_deleted d, unnest(d.lexemes) x"
+            "  WHERE d.knowledge_base_id = %s AND starts_with(x, p.low)) FROM unnest(%s::text[]) p(low)",
+            [kb_id, exact, kb_id, prefixes])
+        removed = {(lexeme, bool(prefix)): int(count) for lexeme, prefix, count in cursor.fetchall()}
     dfs: dict[tuple[str, bool], int] = {}
     for key in keys:
-        df = sum(entry.df for _, entry in entries[key])
+        df = sum(entry.df for _, entry in entries[key]) - removed.get(key, 0)
         df += sum(1 for row in l0 if _matches(row[2], key))
-        df -= sum(1 for _, lexemes in deleted_rows for lexeme in lexemes if _matches(lexeme, key))
         if df > 0:
             dfs[key] = df
-    deleted = np.array(sorted(int(row[0]) for row in deleted_rows), dtype=np.int64)
     statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
     return _Snapshot(statistics, entries, l0, deleted)
 

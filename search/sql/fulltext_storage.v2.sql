@@ -58,6 +58,8 @@ CREATE TABLE fulltext_deleted (
     lexemes text[] COLLATE "C" NOT NULL,
     PRIMARY KEY (knowledge_base_id, ordinal)
 );
+-- 查询时要知道每个查询词在删除集里出现几次（从 df 里减掉）：按词找行，不必把每个被删分块的词位数组都展开
+CREATE INDEX fulltext_deleted_lexemes ON fulltext_deleted USING gin (lexemes);
 
 -- 段：一次合并写出的不可变倒排，覆盖序号 [first_ordinal, end_ordinal)。只合并相邻的段，范围因此总是连续的，
 -- 清除删除集时按序号范围就知道哪些属于被合并的段。doc_count 含其中已删除的分块（合并时才清掉）
