@@ -86,27 +86,45 @@ def encode_dictionary(entries: Iterable[Entry]) -> list[tuple[str, bytes]]:
     return blocks
 
 
+class DictionaryBlock:
+    """解析过的一个词典块：词位表与各词的 df、内联倒排的位置。查询时只取要的那几个词，不为块里的每个词建对象。"""
+
+    def __init__(self, data: bytes) -> None:
+        n, names_length = _HEADER.unpack_from(data)
+        offset = _HEADER.size
+        self.lexemes = data[offset:offset + names_length].decode("utf-8").split("\x00")
+        offset += names_length
+        self._dfs = np.frombuffer(data, dtype="<u4", count=n, offset=offset)
+        offset += 4 * n
+        lengths = np.frombuffer(data, dtype="<u2", count=n, offset=offset).astype(np.int64)
+        offset += 2 * n
+        self._ends = (offset + np.cumsum(lengths)).tolist()
+        self._lengths = lengths.tolist()
+        self._data = data
+
+    def entry(self, index: int) -> Entry:
+        length = self._lengths[index]
+        end = self._ends[index]
+        return Entry(self.lexemes[index], int(self._dfs[index]), self._data[end - length:end] if length else None)
+
+    def find(self, lexeme: str) -> Entry | None:
+        """二分查找一个词（块内按词位升序）。"""
+        index = bisect.bisect_left(self.lexemes, lexeme)
+        return self.entry(index) if index < len(self.lexemes) and self.lexemes[index] == lexeme else None
+
+    def with_prefix(self, prefix: str) -> list[Entry]:
+        """块里以 ``prefix`` 开头的词（一段连续的位置）。"""
+        start = bisect.bisect_left(self.lexemes, prefix)
+        end = bisect.bisect_left(self.lexemes, prefix + "\U0010ffff", lo=start)
+        return [self.entry(index) for index in range(start, end)]
+
+    def entries(self) -> list[Entry]:
+        return [self.entry(index) for index in range(len(self.lexemes))]
+
+
 def decode_dictionary_block(data: bytes) -> list[Entry]:
     """一个词典块里的全部词（按词位升序）。"""
-    n, names_length = _HEADER.unpack_from(data)
-    offset = _HEADER.size
-    names = data[offset:offset + names_length].decode("utf-8").split("\x00")
-    offset += names_length
-    dfs = np.frombuffer(data, dtype="<u4", count=n, offset=offset)
-    offset += 4 * n
-    lengths = np.frombuffer(data, dtype="<u2", count=n, offset=offset)
-    offset += 2 * n
-    entries = []
-    for lexeme, df, length in zip(names, dfs.tolist(), lengths.tolist(), strict=True):
-        entries.append(Entry(lexeme, df, data[offset:offset + length] if length else None))
-        offset += length
-    return entries
-
-
-def find(entries: Sequence[Entry], lexeme: str) -> Entry | None:
-    """在一个词典块（已解码、按词位升序）里二分查找一个词。"""
-    index = bisect.bisect_left(entries, lexeme, key=lambda entry: entry.lexeme)
-    return entries[index] if index < len(entries) and entries[index].lexeme == lexeme else None
+    return DictionaryBlock(data).entries()
 
 
 def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:

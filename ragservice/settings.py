@@ -397,7 +397,7 @@ FULLTEXT_COMPACT_BATCH = env_int(
     "全文合并一次把多少个 L0 分块编成一个段（一个事务）：越大段越少、合并时占内存越多（每 1 万个分块约 100 MB）",
     minimum=100)
 FULLTEXT_L0_MAX_CHUNKS = env_int(
-    "RAG_FULLTEXT_L0_MAX_CHUNKS", 2000,
+    "RAG_FULLTEXT_L0_MAX_CHUNKS", 200,
     "知识库新写入、还没合并成段的分块（L0）达到这个数就立即排一次合并；不到的由每分钟的定时任务合并",
     minimum=1)
 EXACT_SEARCH_MAX_CHUNKS = env_int(

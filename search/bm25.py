@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from infra.routers import search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
-from raglib.lexicon import Entry, decode_dictionary_block
+from raglib.lexicon import DictionaryBlock, Entry
 from raglib.postings import (
     BLOCK_SIZE,
     Postings,
@@ -65,8 +65,8 @@ class _Snapshot:
     statistics: Bm25Statistics
     # (词位, 前缀?) → [(段号, 词典条目)]；前缀词是以它开头的全部条目
     entries: dict[tuple[str, bool], list[tuple[int, Entry]]]
-    # L0 里含查询词的 (分块 id, 词数, 词位, 标题词频, 正文词频)
-    l0: list[tuple[int, int, str, int, int]]
+    # L0 里含查询词的行，按词位：[(分块 id, 词数, 标题词频, 正文词频)]
+    l0: dict[str, list[tuple[int, int, int, int]]]
     deleted: np.ndarray
 
 
@@ -82,8 +82,12 @@ def _snapshot_cursor() -> Iterator[Any]:
         yield cursor
 
 
-def _matches(lexeme: str, key: tuple[str, bool]) -> bool:
-    return lexeme.startswith(key[0]) if key[1] else lexeme == key[0]
+def _l0_rows(l0: dict[str, list[tuple[int, int, int, int]]],
+             key: tuple[str, bool]) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
+    """L0 里一个查询词命中的 (词位, 各分块的行)：精确词一个词位，前缀词是以它开头的各词位。"""
+    if not key[1]:
+        return [(key[0], l0[key[0]])] if key[0] in l0 else []
+    return [(lexeme, rows) for lexeme, rows in l0.items() if lexeme.startswith(key[0])]
 
 
 def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> _Snapshot:
@@ -99,54 +103,68 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         " FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s", [kb_id])
     row = cursor.fetchone()
     if row is None:
-        return _Snapshot(Bm25Statistics(0, 0.0, {}), {}, [], np.zeros(0, dtype=np.int64))
+        return _Snapshot(Bm25Statistics(0, 0.0, {}), {}, {}, np.zeros(0, dtype=np.int64))
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
     # 各段里查询词所在的词典块：精确词取 first_lexeme ≤ 它的最后一块；前缀词再加上首词落在它范围里的各块。
-    # UNION 去重：几个查询词常落在同一块里
+    # 按块分组（几个查询词常落在同一块里）：每块只传一次、只解析一次，并带上它服务的那几个查询词
     cursor.execute(
-        "SELECT s.segment_id, d.first_lexeme, d.data FROM fulltext_segments s"
-        " CROSS JOIN unnest(%s::text[]) q(lexeme) CROSS JOIN LATERAL (SELECT first_lexeme, data"
+        "SELECT segment_id, array_agg(key), array_agg(prefix), (array_agg(data))[1] FROM ("
+        " SELECT s.segment_id, d.first_lexeme, q.lexeme AS key, q.prefix, d.data FROM fulltext_segments s"
+        "  CROSS JOIN unnest(%s::text[], %s::bool[]) q(lexeme, prefix) CROSS JOIN LATERAL (SELECT first_lexeme, data"
         "  FROM fulltext_dictionary d WHERE d.knowledge_base_id = s.knowledge_base_id AND d.segment_id = s.segment_id"
-        "  AND d.first_lexeme <= q.lexeme ORDER BY d.first_lexeme DESC LIMIT 1) d"
-        " WHERE s.knowledge_base_id = %s"
-        " UNION SELECT d.segment_id, d.first_lexeme, d.data FROM fulltext_dictionary d, unnest(%s::text[]) p(low)"
-        "  WHERE d.knowledge_base_id = %s AND d.first_lexeme > p.low AND d.first_lexeme < p.low || %s",
-        [exact + prefixes, kb_id, prefixes, kb_id, _PREFIX_END],
+        "  AND d.first_lexeme <= q.lexeme ORDER BY d.first_lexeme DESC LIMIT 1) d WHERE s.knowledge_base_id = %s"
+        " UNION ALL SELECT d.segment_id, d.first_lexeme, p.low, true, d.data"
+        "  FROM fulltext_dictionary d, unnest(%s::text[]) p(low)"
+        "  WHERE d.knowledge_base_id = %s AND d.first_lexeme > p.low AND d.first_lexeme < p.low || %s"
+        ") found GROUP BY segment_id, first_lexeme",
+        [[lexeme for lexeme, _ in keys], [prefix for _, prefix in keys], kb_id, prefixes, kb_id, _PREFIX_END],
     )
     entries: dict[tuple[str, bool], list[tuple[int, Entry]]] = {key: [] for key in keys}
-    for segment_id, _, data in cursor.fetchall():
-        for entry in decode_dictionary_block(bytes(data)):
-            for key in keys:
-                if _matches(entry.lexeme, key):
-                    entries[key].append((int(segment_id), entry))
-    # L0：GIN 找含某个精确词的行；有前缀词时 L0 整个读（它只有几百到几千行）
+    for segment_id, lexemes, prefix_flags, data in cursor.fetchall():
+        block = DictionaryBlock(bytes(data))
+        for key in dict.fromkeys(zip(lexemes, prefix_flags, strict=True)):
+            found = block.with_prefix(key[0]) if key[1] else [entry for entry in [block.find(key[0])] if entry]
+            entries[key] += [(int(segment_id), entry) for entry in found]
+    # L0：GIN 找含某个精确词的行；有前缀词时 L0 整个读（它只有几百到几千行）。按词位分组
     cursor.execute(
-        "SELECT l.chunk_id, l.length, u.lexeme, u.title_tf, u.body_tf FROM fulltext_l0 l"
+        # 查询词是一张表，与展开的词位做哈希连接：长问题有五六十个词，“= ANY(数组)”要逐个比较
+        "SELECT u.lexeme, l.chunk_id, l.length, u.title_tf, u.body_tf FROM fulltext_l0 l"
         " CROSS JOIN LATERAL unnest(l.lexemes, l.title_tf, l.body_tf) AS u(lexeme, title_tf, body_tf)"
         " WHERE l.knowledge_base_id = %s AND (l.lexemes && %s::text[] OR %s)"
-        " AND (u.lexeme = ANY(%s::text[])"
+        " AND (u.lexeme IN (SELECT unnest(%s::text[]))"
         " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(u.lexeme, p)))",
         [kb_id, exact, bool(prefixes), exact, prefixes],
     )
-    l0 = [(int(c), int(n_), lexeme, int(t), int(b)) for c, n_, lexeme, t, b in cursor.fetchall()]
-    # 删除集：全部序号（主键上的仅索引扫描），以及每个查询词在其中出现的次数——精确词走 lexemes 的 GIN 索引，
-    # 不把每个被删分块的词位数组都展开；前缀词少见，才逐行展开
+    l0: dict[str, list[tuple[int, int, int, int]]] = {}
+    for lexeme, chunk_id, length, title, body in cursor.fetchall():
+        l0.setdefault(lexeme, []).append((int(chunk_id), int(length), int(title), int(body)))
+    # 删除集：全部序号（主键上的仅索引扫描），以及每个查询词在其中出现的次数（从 df 里减掉）
     cursor.execute("SELECT ordinal FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
     deleted = np.array(sorted(int(row[0]) for row in cursor.fetchall()), dtype=np.int64)
     removed: dict[tuple[str, bool], int] = {}
     if len(deleted):
         cursor.execute(
-            "SELECT q.lexeme, false, (SELECT count(*) FROM fulltext_deleted d WHERE d.knowledge_base_id = %s"
-            "  AND d.lexemes @> ARRAY[q.lexeme]) FROM unnest(%s::text[]) q(lexeme)"
+            # 已折叠的：按词计数表上的主键查找（前缀词是一段范围）；还没折叠的（最近的删除）：部分 GIN 索引只取
+            # 含查询词的行，展开后与查询词哈希连接
+            "SELECT t.lexeme, false, t.count FROM fulltext_deleted_terms t"
+            " WHERE t.knowledge_base_id = %s AND t.lexeme = ANY(%s::text[])"
+            " UNION ALL SELECT p.low, true, (SELECT coalesce(sum(t.count), 0) FROM fulltext_deleted_terms t"
+            "  WHERE t.knowledge_base_id = %s AND t.lexeme >= p.low AND t.lexeme < p.low || %s)"
+            "  FROM unnest(%s::text[]) p(low)"
+            " UNION ALL SELECT x, false, count(*) FROM fulltext_deleted d CROSS JOIN LATERAL unnest(d.lexemes) x"
+            "  WHERE d.knowledge_base_id = %s AND NOT d.folded AND d.lexemes && %s::text[]"
+            "  AND x IN (SELECT unnest(%s::text[])) GROUP BY x"
             " UNION ALL SELECT p.low, true, (SELECT count(*) FROM fulltext_deleted d, unnest(d.lexemes) x"
-            "  WHERE d.knowledge_base_id = %s AND starts_with(x, p.low)) FROM unnest(%s::text[]) p(low)",
-            [kb_id, exact, kb_id, prefixes])
-        removed = {(lexeme, bool(prefix)): int(count) for lexeme, prefix, count in cursor.fetchall()}
+            "  WHERE d.knowledge_base_id = %s AND NOT d.folded AND starts_with(x, p.low))"
+            "  FROM unnest(%s::text[]) p(low)",
+            [kb_id, exact, kb_id, _PREFIX_END, prefixes, kb_id, exact, exact, kb_id, prefixes])
+        for lexeme, prefix, count in cursor.fetchall():
+            removed[(lexeme, bool(prefix))] = removed.get((lexeme, bool(prefix)), 0) + int(count)
     dfs: dict[tuple[str, bool], int] = {}
     for key in keys:
         df = sum(entry.df for _, entry in entries[key]) - removed.get(key, 0)
-        df += sum(1 for row in l0 if _matches(row[2], key))
+        df += sum(len(rows) for _, rows in _l0_rows(l0, key))
         if df > 0:
             dfs[key] = df
     statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
@@ -303,11 +321,10 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
                     continue
                 share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
                 wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), number))
-            for chunk_id, length, lexeme, title, body in snapshot.l0:
-                if _matches(lexeme, key):
-                    number = ids.setdefault(lexeme, len(slot_of))
-                    slot_of[number] = slot
-                    l0_parts.append((number, chunk_id, length, title, body))
+            for lexeme, rows in _l0_rows(snapshot.l0, key):
+                number = ids.setdefault(lexeme, len(slot_of))
+                slot_of[number] = slot
+                l0_parts += [(number, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
         if wanted:
             cursor.execute(
                 "SELECT r.n, b.data FROM unnest(%s::int[], %s::text[], %s::int[], %s::int[]) AS r(s, l, k, n)"
@@ -340,7 +357,9 @@ def _trim(postings: Postings, slot_of: dict[int, int], reads: Sequence[TermRead]
     都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。"""
     if not len(postings):
         return postings
-    slots = np.array([slot_of[int(term)] for term in postings.terms], dtype=np.int64)
+    lookup = np.full(max(slot_of) + 1, -1, dtype=np.int64)
+    lookup[list(slot_of)] = list(slot_of.values())
+    slots = lookup[postings.terms]
     keep = np.ones(len(postings), dtype=bool)
     strength = impacts(postings.title_tf, postings.body_tf, postings.norms)
     for slot, read in enumerate(reads):

@@ -5,14 +5,16 @@
 - 写入分块时触发器只往 ``fulltext_l0`` 追加一行（``fulltext_stats_maintain.v2.sql``）；
 - :func:`compact` 在一个事务里取走一个知识库 L0 的一批行，按顺序分配稠密的 int4 序号，编成一个新段
   （词典块 + 倒排块，字节格式见 :mod:`raglib.lexicon`、:mod:`raglib.postings`），再按合并策略并掉相邻的小段；
-- 删除已合并的分块只在 ``fulltext_deleted`` 记一行；段被合并时，落在它序号范围里的删除一并清掉。
+- 删除已合并的分块只在 ``fulltext_deleted`` 记一行；每次合并把新的删除按词折叠进 ``fulltext_deleted_terms``
+  （查询修正 df 时一个词一次主键查找），段被合并时，落在它序号范围里的删除一并清掉、计数减回去。
 
 合并在知识库统计行上加行锁（``FOR UPDATE``），同一知识库的合并依次进行；写入分块不碰这一行，不受合并影响。
 事务中途被杀（进程被 SIGKILL、数据库重启）时整批回滚：L0 的行还在，段没写出，索引保持合并前的样子，照常可查。
 
 合并策略（Lucene 的 LogMergePolicy 的做法）：段按分块数分层，第 k 层是 ``[B·F^k, B·F^(k+1))``；最新的
 ``F`` 个相邻的段落在同一层就并成一个（F = ``MERGE_FACTOR``）。段数因此约为 ``(F-1)·层数``，每个倒排一生中被
-重写约 log_F(N/B) 次。删除超过段内分块五分之一的段单独重写一次，把删掉的倒排清出去。
+重写约 log_F(N/B) 次。删除超过段内分块十分之一的段单独重写一次，把删掉的倒排清出去：删除集越小，
+查询时按它修正 df 越便宜。
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ MERGE_FACTOR = 8
 # 第 0 层的上界（分块数）：比这小的段都算同一层
 _BASE_DOCS = 1000
 # 段内被删的分块超过这个比例就单独重写
-_PURGE_RATIO = 0.2
+_PURGE_RATIO = 0.1  # 见模块说明的合并策略
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,15 @@ class _Segment:
 
 
 def compact_due(*, kb_id: uuid.UUID | None = None, min_chunks: int = 1) -> dict[uuid.UUID, CompactResult]:
-    """合并 L0 里至少有 ``min_chunks`` 个分块、或删除集不空的知识库（``kb_id`` 限定一个）；正在被别人合并的跳过。"""
+    """合并 L0 里至少有 ``min_chunks`` 个分块、或删除集里有还没折叠的分块的知识库（``kb_id`` 限定一个）；
+    正在被别人合并的跳过。"""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT s.knowledge_base_id FROM fulltext_kb_stats s WHERE (%s::uuid IS NULL OR s.knowledge_base_id = %s)"
             " AND ((SELECT count(*) FROM (SELECT 1 FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id"
             " LIMIT %s) x) >= %s OR EXISTS (SELECT 1 FROM fulltext_deleted d"
-            " WHERE d.knowledge_base_id = s.knowledge_base_id))", [kb_id, kb_id, min_chunks, min_chunks])
+            " WHERE d.knowledge_base_id = s.knowledge_base_id AND NOT d.folded))",
+            [kb_id, kb_id, min_chunks, min_chunks])
         due = [row[0] for row in cursor.fetchall()]
     done = {}
     for kb in due:
@@ -134,7 +138,22 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
             )
             next_segment += 1
             result = CompactResult(chunks=len(rows), segments=1)
+        _fold_deleted(cursor, kb_id)
         return result + _merge_due(cursor, kb_id, next_segment)
+
+
+def _fold_deleted(cursor: Any, kb_id: uuid.UUID) -> None:
+    """把删除集里还没折叠的分块的词位计进 ``fulltext_deleted_terms``（一条语句：快照里看到的那些一次折叠）。
+
+    之后才提交的删除留着不折叠，查询照样逐行数它们，下一次合并再折叠。
+    """
+    cursor.execute(
+        "WITH f AS (UPDATE fulltext_deleted SET folded = true WHERE knowledge_base_id = %s AND NOT folded"
+        " RETURNING lexemes)"
+        " INSERT INTO fulltext_deleted_terms AS t (knowledge_base_id, lexeme, count)"
+        " SELECT %s, x, count(*) FROM f CROSS JOIN LATERAL unnest(f.lexemes) x GROUP BY x"
+        " ON CONFLICT (knowledge_base_id, lexeme) DO UPDATE SET count = t.count + EXCLUDED.count",
+        [kb_id, kb_id])
 
 
 def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[list[str], Postings]:
@@ -211,9 +230,18 @@ def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_
     """
     first, end = segments[0].first, segments[-1].end
     ids = [segment.segment_id for segment in segments]
-    cursor.execute("DELETE FROM fulltext_deleted WHERE knowledge_base_id = %s AND ordinal >= %s AND ordinal < %s"
-                   " RETURNING ordinal, length", [kb_id, first, end])
+    # 清除范围里的删除集；其中已折叠的，从按词计数里减回去（它们的倒排随这次合并消失，段的 df 重新按倒排算）
+    cursor.execute(
+        "WITH gone AS (DELETE FROM fulltext_deleted WHERE knowledge_base_id = %s AND ordinal >= %s AND ordinal < %s"
+        " RETURNING ordinal, length, lexemes, folded),"
+        " counted AS (SELECT x, count(*) AS n FROM gone CROSS JOIN LATERAL unnest(gone.lexemes) x"
+        "  WHERE gone.folded GROUP BY x),"
+        " _ AS (UPDATE fulltext_deleted_terms t SET count = t.count - c.n FROM counted c"
+        "  WHERE t.knowledge_base_id = %s AND t.lexeme = c.x)"
+        " SELECT ordinal, length FROM gone",
+        [kb_id, first, end, kb_id])
     purged = cursor.fetchall()
+    cursor.execute("DELETE FROM fulltext_deleted_terms WHERE knowledge_base_id = %s AND count <= 0", [kb_id])
     lexemes, postings = _read_segments(cursor, kb_id, ids)
     postings = postings.without_docs(np.array([row[0] for row in purged], dtype=np.int64))
     _delete_segments(cursor, kb_id, ids)
@@ -319,7 +347,7 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
 
     比较三样：可见的倒排（段里的减去删除集，加上 L0）与按 tsvector 重算的逐条相同（词频封顶、长度量化之后）；
     N 与总词数（统计行 + L0 - 删除集）；每个词的 df（各段词典 + L0 - 删除集）。另外检查每个可检索分块恰好在
-    L0 或序号表里出现一次。
+    L0 或序号表里出现一次，删除集的按词计数等于已折叠的那些行。
     """
     problems: list[str] = []
     with connection.cursor() as cursor:
@@ -342,6 +370,12 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
         deleted = cursor.fetchall()
         lexemes, postings = _read_segments(cursor, kb_id, [s.segment_id for s in _segments(cursor, kb_id)])
         dictionary_dfs = _dictionary_dfs(cursor, kb_id)
+        cursor.execute("SELECT lexeme, count FROM fulltext_deleted_terms WHERE knowledge_base_id = %s", [kb_id])
+        folded_terms = {lexeme: int(count) for lexeme, count in cursor.fetchall()}
+        cursor.execute("SELECT x, count(*) FROM fulltext_deleted CROSS JOIN LATERAL unnest(lexemes) x"
+                       " WHERE knowledge_base_id = %s AND folded GROUP BY x", [kb_id])
+        if folded_terms != {lexeme: int(count) for lexeme, count in cursor.fetchall()}:
+            problems.append("fulltext_deleted_terms != the folded rows of fulltext_deleted")
     chunk_ids = [int(row[0]) for row in l0] + [chunk for chunk, _ in docs.values()]
     if sorted(chunk_ids) != sorted(int(row[0]) for row in chunks):
         problems.append(f"indexed chunks {len(chunk_ids)} (distinct {len(set(chunk_ids))}) != searchable chunks"

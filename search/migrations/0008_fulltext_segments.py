@@ -15,10 +15,10 @@ from ._frozen_sql import frozen_sql
 
 APPLY_RETIRED_SQL = frozen_sql("fulltext_stats_apply.v2.sql", "100053db9fdff026b4e8a1baad0954e75515e63eedf39de3749437fe9a72b09a")
 IMPACT_RETIRED_SQL = frozen_sql("fulltext_impact.v2.sql", "7eebd26b5c6cfd2a9f20eb36cb4e707ca9fc8cf89625f5eb4ac9d3332426e939")
-STORAGE_SQL = frozen_sql("fulltext_storage.v2.sql", "4fb920803d35c927fb0c66257826e31e819c6b41e18ff1dba8fd5db241a2a429")
+STORAGE_SQL = frozen_sql("fulltext_storage.v2.sql", "e983e7421b004e317ccd514f81d43d27eee66dc74b1c0c9ff953c042db3dfc78")
 CHUNK_TERMS_SQL = frozen_sql("fulltext_chunk_terms.v1.sql", "f6892a77da553155cf03df04879cbffafcaf5c60ab9fb47eba6ff68d8eb08aae")
 MAINTAIN_SQL = frozen_sql("fulltext_stats_maintain.v2.sql", "fdc3b3f0ea00d12c1ba7a8115f80eab31a5fc8be8b1726d59cfc6be530fb6ab6")
-KB_STATS_DROPPED_SQL = frozen_sql("fulltext_kb_stats_dropped.v2.sql", "4a7ef34771e44202f2d38e10eef4a4f6c21004b03ba3bfe35b9dea6b864c0ca8")
+KB_STATS_DROPPED_SQL = frozen_sql("fulltext_kb_stats_dropped.v2.sql", "dfd67ef0d4e98471b999d8544d6d4b584b217b880e7e533edfa8f411ddf98d0b")
 
 # 已有分块放进 L0：段里还什么都没有，统计行的计数归零（N = 统计行 + L0 − 删除集）。
 # 没有统计行的知识库（v1 整库清理到一半的）不放：规则照旧是“没有统计行就没有全文数据”

@@ -1,4 +1,4 @@
--- 知识库统计行被删时，把这个知识库剩下的全文数据一并删掉（v2：段、词典、倒排块、序号、删除集与 L0）。
+-- 知识库统计行被删时，把这个知识库剩下的全文数据一并删掉（v2：段、词典、倒排块、序号、删除集及其按词计数与 L0）。
 --
 -- 规则是“没有统计行的知识库没有全文数据”：删除分块时触发器（fulltext_stats_maintain）整条跳过没有统计行的
 -- 知识库。整库清理先用 search.segments.drop 分批删掉大表里的行、最后删统计行，之后逐批删分块不必逐个查找；
@@ -10,6 +10,7 @@ CREATE OR REPLACE FUNCTION fulltext_kb_stats_dropped() RETURNS trigger LANGUAGE 
 BEGIN
     DELETE FROM fulltext_l0 x USING old_rows o WHERE x.knowledge_base_id = o.knowledge_base_id;
     DELETE FROM fulltext_deleted x USING old_rows o WHERE x.knowledge_base_id = o.knowledge_base_id;
+    DELETE FROM fulltext_deleted_terms x USING old_rows o WHERE x.knowledge_base_id = o.knowledge_base_id;
     DELETE FROM fulltext_docs x USING old_rows o WHERE x.knowledge_base_id = o.knowledge_base_id;
     DELETE FROM fulltext_blocks x USING old_rows o WHERE x.knowledge_base_id = o.knowledge_base_id;
     DELETE FROM fulltext_dictionary x USING old_rows o WHERE x.knowledge_base_id = o.knowledge_base_id;

@@ -50,16 +50,27 @@ CREATE TABLE fulltext_docs (
 CREATE UNIQUE INDEX fulltext_docs_chunk ON fulltext_docs (knowledge_base_id, chunk_id);
 
 -- 已合并、随后被删（或被重新索引）的分块：它的倒排还在段里，查询时按序号过滤；lexemes 用来从 df 里减掉它。
--- 它所在的段（序号落在段的范围里）下一次被合并时倒排被清掉，这一行随之删除
+-- 它所在的段（序号落在段的范围里）下一次被合并时倒排被清掉，这一行随之删除。
+-- folded：合并任务已把它的词位计进 fulltext_deleted_terms。查询只对还没折叠的（最近一两分钟的删除）逐行数词，
+-- 折叠过的查那张按词的表：删除集攒到上万行（大库里删掉一成文档）时，查询不必把每个被删分块的词位都展开
 CREATE TABLE fulltext_deleted (
     knowledge_base_id uuid NOT NULL,
     ordinal integer NOT NULL,
     length integer NOT NULL,
     lexemes text[] COLLATE "C" NOT NULL,
+    folded boolean NOT NULL DEFAULT false,
     PRIMARY KEY (knowledge_base_id, ordinal)
 );
--- 查询时要知道每个查询词在删除集里出现几次（从 df 里减掉）：按词找行，不必把每个被删分块的词位数组都展开
-CREATE INDEX fulltext_deleted_lexemes ON fulltext_deleted USING gin (lexemes);
+CREATE INDEX fulltext_deleted_unfolded ON fulltext_deleted USING gin (lexemes) WHERE NOT folded;
+
+-- 删除集里已折叠的分块按词计数：df 的修正一个词一次主键查找。只由合并任务写（每个知识库一次一个），
+-- 不是写入路径上的热点行；段被合并、删除集清除时减回去
+CREATE TABLE fulltext_deleted_terms (
+    knowledge_base_id uuid NOT NULL,
+    lexeme text COLLATE "C" NOT NULL,
+    count integer NOT NULL,
+    PRIMARY KEY (knowledge_base_id, lexeme)
+);
 
 -- 段：一次合并写出的不可变倒排，覆盖序号 [first_ordinal, end_ordinal)。只合并相邻的段，范围因此总是连续的，
 -- 清除删除集时按序号范围就知道哪些属于被合并的段。doc_count 含其中已删除的分块（合并时才清掉）

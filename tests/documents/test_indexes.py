@@ -40,5 +40,5 @@ def test_every_fulltext_table_leads_with_the_knowledge_base() -> None:
             WHERE starts_with(c.relname, 'fulltext_') AND c.relkind = 'r' AND i.indisprimary
         """)
         leading = dict(cursor.fetchall())
-    assert len(leading) == 7
+    assert len(leading) == 8
     assert set(leading.values()) == {"knowledge_base_id"}

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from raglib.lexicon import (
     DICTIONARY_BLOCK_BYTES,
     INLINE_MAX_BYTES,
+    DictionaryBlock,
     Entry,
     build_segment,
     decode_dictionary_block,
     encode_dictionary,
-    find,
     read_segment,
 )
 from raglib.postings import BLOCK_SIZE, Postings
@@ -49,8 +49,12 @@ def test_dictionary_blocks_round_trip_in_lexeme_order(raw: list[tuple[str, int, 
         assert len(data) <= DICTIONARY_BLOCK_BYTES + 16 or len(decode_dictionary_block(data)) == 1
     for entry in entries:
         block = max((b for b in blocks if b[0] <= entry.lexeme), key=lambda b: b[0])
-        assert find(decode_dictionary_block(block[1]), entry.lexeme) == entry
-    assert all(find(decode_dictionary_block(data), "\U0010ffff") is None for _, data in blocks)
+        assert DictionaryBlock(block[1]).find(entry.lexeme) == entry
+    assert all(DictionaryBlock(data).find("\U0010ffff") is None for _, data in blocks)
+    # 前缀：一个块里以它开头的词正好是那一段
+    for prefix in ("a", "肝", "乙高"):
+        found = [e for _, data in blocks for e in DictionaryBlock(data).with_prefix(prefix)]
+        assert found == [e for e in entries if e.lexeme.startswith(prefix)]
 
 
 @hsettings(max_examples=50)

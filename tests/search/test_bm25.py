@@ -36,8 +36,8 @@ def parse_query(query: str) -> ParsedQuery:
     return analysis.parse_query(query, analyzer=django_settings.FULLTEXT_ANALYZER)
 
 # 全文引擎的每一张表（都以 knowledge_base_id 开头）
-FULLTEXT_TABLES = ("fulltext_kb_stats", "fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_segments",
-                   "fulltext_dictionary", "fulltext_blocks")
+FULLTEXT_TABLES = ("fulltext_kb_stats", "fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_deleted_terms",
+                   "fulltext_segments", "fulltext_dictionary", "fulltext_blocks")
 
 TEXTS = [
     "高血压患者可以服用党参，党参有降血压的作用。",

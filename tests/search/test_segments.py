@@ -108,7 +108,7 @@ def test_a_segment_with_many_deletions_is_rewritten(in_l0: KnowledgeBase,
             document_delete(principal=SYSTEM_PRINCIPAL, document_id=document.id)
     assert _count("fulltext_deleted", in_l0) == 3
     result = segments.compact(in_l0.id)
-    assert result.purged == 3  # 三成被删，超过五分之一：段重写，删除集清空
+    assert result.purged == 3  # 三成被删，超过十分之一：段重写，删除集清空
     assert _count("fulltext_deleted", in_l0) == 0
     with connection.cursor() as cursor:
         cursor.execute("SELECT chunk_count FROM fulltext_kb_stats WHERE knowledge_base_id = %s", [in_l0.id])
