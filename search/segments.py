@@ -114,10 +114,12 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
         # 取走一批 L0 行并锁住：同时删除其中某个分块的事务等到这里提交，再到 fulltext_docs 里找它（见触发器的注释）。
         # 别的事务正在删的行（已加锁）跳过，留给下一次
         cursor.execute(
-            "DELETE FROM fulltext_l0 WHERE knowledge_base_id = %s AND chunk_id IN (SELECT chunk_id FROM fulltext_l0"
-            " WHERE knowledge_base_id = %s ORDER BY chunk_id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " RETURNING chunk_id, length, lexemes, title_tf, body_tf",
-            [kb_id, kb_id, batch],
+            # 选中的行先物化：写成 IN (子查询) 时规划器可能对外层每一行重算子查询，LIMIT 就管不住取走的行数
+            "WITH picked AS MATERIALIZED (SELECT chunk_id FROM fulltext_l0 WHERE knowledge_base_id = %s"
+            " ORDER BY chunk_id LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " DELETE FROM fulltext_l0 l USING picked WHERE l.knowledge_base_id = %s AND l.chunk_id = picked.chunk_id"
+            " RETURNING l.chunk_id, l.length, l.lexemes, l.title_tf, l.body_tf",
+            [kb_id, batch, kb_id],
         )
         rows = sorted(cursor.fetchall())
         result = CompactResult()

@@ -191,6 +191,9 @@ def _within_schema_expressible_rules(case, kb: KnowledgeBase) -> bool:
                      suppress_health_check=list(HealthCheck), database=None)
 @pytest.mark.django_db
 def test_server_rejects_what_the_schema_rejects(case, auth_headers, real_kb, fake_embedder):
+    # multipart 里值为空列表的字段编码后整个消失（没有一个 part），服务端收到的是没有这个字段的合法请求
+    body = case.body if isinstance(case.body, dict) else {}
+    assume(not (str(case.media_type).startswith("multipart/") and any(value == [] for value in body.values())))
     response = _call_on_real_kb(case, auth_headers, real_kb)
     case.validate_response(response, checks=[not_a_server_error, negative_data_rejection])
 
