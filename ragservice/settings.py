@@ -393,8 +393,8 @@ BM25_MAX_POSTINGS = env_int(
     "BM25 一次最多读的倒排行数：稀有词整条读，常见词平分剩余额度、只读影响力最高的一段，保证工作量有界",
     minimum=1)
 FULLTEXT_COMPACT_BATCH = env_int(
-    "RAG_FULLTEXT_COMPACT_BATCH", 20000,
-    "全文合并一次把多少个 L0 分块编成一个段（一个事务）：越大段越少、合并时占内存越多（每 1 万个分块约 100 MB）",
+    "RAG_FULLTEXT_COMPACT_BATCH", 5000,
+    "全文合并一次把多少个 L0 分块编成一个段（一个事务）：越大段越少、合并时占内存越多（每 1 万个分块约 650 MB）",
     minimum=100)
 FULLTEXT_L0_MAX_CHUNKS = env_int(
     "RAG_FULLTEXT_L0_MAX_CHUNKS", 200,

