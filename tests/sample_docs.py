@@ -13,6 +13,18 @@ from pathlib import Path
 
 import pytest
 
+# 全文检索测试用的八段短文：中英混合，有共同的词（高血压、乙肝、肝功能）也有只出现一次的词（党参）
+MEDICAL_TEXTS = [
+    "高血压患者可以服用党参，党参有降血压的作用。",
+    "乙肝病毒携带者需要定期复查肝功能和乙肝五项。",
+    "胃胀多由饮食不规律引起，建议少食多餐。",
+    "Hypertension patients should monitor blood pressure daily.",
+    "高血压 hypertension 与糖尿病常常同时出现，需要控制饮食。",
+    "肝功能异常时应避免饮酒，并复查乙肝病毒定量。",
+    "感冒发烧多喝水，注意休息。",
+    "The liver function test includes ALT and AST.",
+]
+
 # 测试引导（scripts/test.sh → scripts/bootstrap.sh --test）安装的字体；也认 Noto CJK
 CJK_FONTS = (
     Path("/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc"),

@@ -29,6 +29,7 @@ from raglib import bm25 as raglib_bm25
 from raglib.analysis import ParsedQuery
 from search import bm25, segments
 from search.retrieval import fulltext_scores, fulltext_search
+from tests.sample_docs import MEDICAL_TEXTS
 
 
 def parse_query(query: str) -> ParsedQuery:
@@ -39,16 +40,7 @@ def parse_query(query: str) -> ParsedQuery:
 FULLTEXT_TABLES = ("fulltext_kb_stats", "fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_deleted_terms",
                    "fulltext_segments", "fulltext_dictionary", "fulltext_blocks")
 
-TEXTS = [
-    "高血压患者可以服用党参，党参有降血压的作用。",
-    "乙肝病毒携带者需要定期复查肝功能和乙肝五项。",
-    "胃胀多由饮食不规律引起，建议少食多餐。",
-    "Hypertension patients should monitor blood pressure daily.",
-    "高血压 hypertension 与糖尿病常常同时出现，需要控制饮食。",
-    "肝功能异常时应避免饮酒，并复查乙肝病毒定量。",
-    "感冒发烧多喝水，注意休息。",
-    "The liver function test includes ALT and AST.",
-]
+TEXTS = MEDICAL_TEXTS
 
 
 def _upload(kb: KnowledgeBase, name: str, text: str, capture: Any) -> Document:

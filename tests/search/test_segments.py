@@ -20,17 +20,9 @@ from ops.tasks import compact_fulltext
 from raglib import analysis
 from search import segments
 from search.retrieval import fulltext_search
+from tests.sample_docs import MEDICAL_TEXTS
 
-TEXTS = [
-    "高血压患者可以服用党参，党参有降血压的作用。",
-    "乙肝病毒携带者需要定期复查肝功能和乙肝五项。",
-    "胃胀多由饮食不规律引起，建议少食多餐。",
-    "Hypertension patients should monitor blood pressure daily.",
-    "高血压 hypertension 与糖尿病常常同时出现，需要控制饮食。",
-    "肝功能异常时应避免饮酒，并复查乙肝病毒定量。",
-    "感冒发烧多喝水，注意休息。",
-    "The liver function test includes ALT and AST.",
-]
+TEXTS = MEDICAL_TEXTS
 QUERIES = ["高血压能吃党参吗", "乙肝 肝功能 复查", "hypertension blood pressure", "肝", "饮食 控制"]
 
 
