@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, read_segment
-from raglib.postings import Postings, capped_tf, norm_bytes
+from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
 
 # 相邻的这么多个同层段并成一个
 MERGE_FACTOR = 8
@@ -171,8 +171,8 @@ def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[l
     terms = np.fromiter((index[lexeme] for row in rows for lexeme in row[2]), dtype=np.int32, count=int(sizes.sum()))
     title = np.fromiter((tf for row in rows for tf in row[3]), dtype=np.int64, count=len(terms))
     body = np.fromiter((tf for row in rows for tf in row[4]), dtype=np.int64, count=len(terms))
-    return lexemes, Postings(terms, docs, np.clip(title, 0, 255).astype(np.uint8),
-                             np.clip(body, 0, 255).astype(np.uint8), norm_bytes(lengths))
+    return lexemes, Postings(terms, docs, np.clip(title, 0, TF_MAX).astype(np.uint8),
+                             np.clip(body, 0, TF_MAX).astype(np.uint8), norm_bytes(lengths))
 
 
 def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: SegmentRows) -> None:
