@@ -157,3 +157,34 @@ def test_upgrade_backfill_puts_existing_chunks_into_l0(in_l0: KnowledgeBase) -> 
     assert _count("fulltext_l0", in_l0) == DocumentChunk.objects.filter(knowledge_base=in_l0).count()
     assert segments.mismatches(in_l0.id) == []
     assert _results(in_l0) == expected
+
+
+@pytest.mark.django_db
+def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: KnowledgeBase,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 100)  # 合并策略不自动并：一个分块一个段
+    segments.compact(in_l0.id, batch=1)
+    assert _count("fulltext_segments", in_l0) == len(TEXTS)
+    expected = _results(in_l0)
+    out = io.StringIO()
+    call_command("compact_fulltext", "--kb", str(in_l0.id), "--merge", stdout=out)
+    assert f"{len(TEXTS)} 个段并成 1 个" in out.getvalue()
+    assert _count("fulltext_segments", in_l0) == 1
+    assert _results(in_l0) == expected
+    assert segments.mismatches(in_l0.id) == []
+    monkeypatch.setattr(segments, "_MAX_MERGED_DOCS", 3)  # 上限之内分几段：8 个分块 → 不再并（已是一个 8 块的段）
+    assert segments.merge_all(in_l0.id).segments == 0
+
+
+@pytest.mark.django_db
+def test_merge_all_respects_the_merged_segment_cap(in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 100)
+    monkeypatch.setattr(segments, "_MAX_MERGED_DOCS", 3)
+    segments.compact(in_l0.id, batch=1)
+    result = segments.merge_all(in_l0.id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT doc_count FROM fulltext_segments WHERE knowledge_base_id = %s ORDER BY first_ordinal",
+                       [in_l0.id])
+        assert [row[0] for row in cursor.fetchall()] == [3, 3, 2]
+    assert result.segments == 3 and result.merged == len(TEXTS)
+    assert segments.mismatches(in_l0.id) == []

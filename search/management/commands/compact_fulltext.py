@@ -16,6 +16,7 @@ from django.db import connection
 
 from knowledge.selectors import knowledge_base_by_name_or_id
 from search import segments
+from search.models import FulltextKbStats
 
 
 class Command(BaseCommand):
@@ -23,6 +24,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--kb", metavar="KB", help="知识库 id 或名称（默认全部）")
+        parser.add_argument("--merge", action="store_true",
+                            help="合并完再把每个知识库的段并成少数几个大段（大批写入之后：词典几乎减半，查询少查几个段）")
 
     def handle(self, *args: Any, **options: Any) -> None:
         kb_filter = None
@@ -36,7 +39,7 @@ class Command(BaseCommand):
                            " WHERE %s::uuid IS NULL OR knowledge_base_id = %s GROUP BY 1 ORDER BY 2",
                            [kb_filter, kb_filter])
             pending = cursor.fetchall()
-        if not pending:
+        if not pending and not options["merge"]:
             self.stdout.write("没有待合并的分块")
             return
         total = sum(int(count) for _, count in pending)
@@ -52,6 +55,12 @@ class Command(BaseCommand):
                                   f"新段 {result.segments}，并掉 {result.merged} 段，清除已删 {result.purged}")
                 if result.chunks < settings.FULLTEXT_COMPACT_BATCH:
                     break
+        if options["merge"]:
+            kbs = [kb_filter] if kb_filter else FulltextKbStats.objects.values_list("knowledge_base_id", flat=True)
+            for kb_id in list(kbs):
+                merged = segments.merge_all(kb_id)
+                self.stdout.write(f"知识库 {kb_id}：{merged.merged} 个段并成 {merged.segments} 个，"
+                                  f"清除已删 {merged.purged}")
         # 升级时全部分块都经过 L0：合并完把 L0 的表与索引缩回去（平时 L0 只有几千行，这一步很快）
         segments.shrink_l0()
         self.stdout.write(f"完成：{done} 个分块，用时 {time.monotonic() - started:.1f} s")
