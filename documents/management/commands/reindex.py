@@ -15,7 +15,8 @@ from infra.context import task_context
 from infra.errors import ApplicationError
 from infra.principal import SYSTEM_PRINCIPAL
 from infra.progress import graceful_stop, write_progress
-from knowledge.selectors import knowledge_base_by_name_or_id, parse_uuid
+from knowledge.management.options import knowledge_base_option
+from knowledge.selectors import parse_uuid
 
 
 class Command(BaseCommand):
@@ -30,9 +31,7 @@ class Command(BaseCommand):
         if options["document"]:
             ids = [options["document"]]
         else:
-            kb = knowledge_base_by_name_or_id(options["kb"])
-            if kb is None:
-                raise CommandError(f"knowledge base {options['kb']!r} not found (give its name or id)")
+            kb = knowledge_base_option(options["kb"])
             ids = list(Document.objects.filter(
                 knowledge_base=kb, status__in=[Document.Status.COMPLETED, Document.Status.FAILED]
             ).order_by("created_at").values_list("id", flat=True))

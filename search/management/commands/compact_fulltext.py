@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
-from knowledge.selectors import knowledge_base_by_name_or_id
+from knowledge.management.options import knowledge_base_option
 from search import segments
 from search.models import FulltextKbStats
 
@@ -30,10 +30,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         kb_filter = None
         if options["kb"]:
-            kb = knowledge_base_by_name_or_id(options["kb"])
-            if kb is None:
-                raise CommandError(f"knowledge base {options['kb']!r} does not exist")
-            kb_filter = kb.id
+            kb_filter = knowledge_base_option(options["kb"]).id
         with connection.cursor() as cursor:
             cursor.execute("SELECT knowledge_base_id, count(*) FROM fulltext_l0"
                            " WHERE %s::uuid IS NULL OR knowledge_base_id = %s GROUP BY 1 ORDER BY 2",

@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from knowledge.management.options import knowledge_base_option
 from knowledge.models import KnowledgeBase
-from knowledge.selectors import knowledge_base_by_name_or_id
 from search.relevance import DEFAULT_QUERIES, DROP_SHARE, MIN_CHUNKS, relevance_fit
 
 
@@ -32,10 +32,7 @@ class Command(BaseCommand):
         if not 0.0 <= options["drop_share"] < 1.0:
             raise CommandError("--drop-share must be in [0, 1)")
         if options["kb"]:
-            kb = knowledge_base_by_name_or_id(options["kb"])
-            if kb is None:
-                raise CommandError(f"knowledge base {options['kb']!r} does not exist")
-            kbs = [kb]
+            kbs = [knowledge_base_option(options["kb"])]
         else:
             kbs = list(KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED).order_by("name"))
         for kb in kbs:

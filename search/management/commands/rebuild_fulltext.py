@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
+from knowledge.management.options import knowledge_base_option
 from knowledge.models import KnowledgeBase
-from knowledge.selectors import knowledge_base_by_name_or_id
 from search.retrieval import fulltext_engine
 
 
@@ -27,10 +27,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         kb_id = None
         if options["kb"]:
-            kb = knowledge_base_by_name_or_id(options["kb"])
-            if kb is None:
-                raise CommandError(f"knowledge base {options['kb']!r} does not exist")
-            kb_id = kb.id
+            kb_id = knowledge_base_option(options["kb"]).id
         started = time.monotonic()
         engine = fulltext_engine()
         count = engine.index(kb_id=kb_id)
