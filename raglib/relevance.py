@@ -47,7 +47,15 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
     # 是原文去字，字面重合多——在换了说法的真实问题上排序变差（docs/EVALUATION.md）；单调的校准不改名次，不会。
     "hybrid": ("calibrated",),
 }
-# 只能单调（权重为正）使用的方式：拟合出非正的权重时不用这个模型（回到全局校准），截断也不做（截断会造成并列）
+# 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）
+MODEL_REVISION = 1
+
+# 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
+FEATURE_SIGNS: dict[str, int] = {
+    "similarity": 1, "similarity_gap": 1, "similarity_lift": 1, "vector_rank": -1,
+    "match": 1, "match_share": 1, "fulltext_rank": -1, "coverage": 1, "calibrated": 1,
+}
+# 只能单调使用的方式：唯一的特征拟合不出正的权重时不用这个模型（回到全局校准），截断也不做（截断会造成并列）
 MONOTONE_MODES = frozenset({"hybrid"})
 
 
@@ -135,6 +143,8 @@ class RelevanceModel:
     # 伪查询的覆盖率都在 0.6 以上，英文问题问中文库时覆盖率接近 0，不截断时它能把概率推到 0.9
     low: tuple[float, ...] = ()
     high: tuple[float, ...] = ()
+    # 拟合做法的版本（:data:`MODEL_REVISION`）：做法变了，旧模型算过时，定时任务会重新拟合
+    revision: int = 0
 
     def probability(self, row: Mapping[str, float]) -> float:
         values = [row[name] for name in self.features]
@@ -147,33 +157,46 @@ class RelevanceModel:
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "features": list(self.features), "mean": list(self.mean),
                 "scale": list(self.scale), "weights": list(self.weights), "bias": self.bias,
-                "low": list(self.low), "high": list(self.high)}
+                "low": list(self.low), "high": list(self.high), "revision": self.revision}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RelevanceModel:
         return cls(str(data["mode"]), tuple(data["features"]), tuple(float(v) for v in data["mean"]),
                    tuple(float(v) for v in data["scale"]), tuple(float(v) for v in data["weights"]),
                    float(data["bias"]), tuple(float(v) for v in data.get("low", ())),
-                   tuple(float(v) for v in data.get("high", ())))
+                   tuple(float(v) for v in data.get("high", ())), int(data.get("revision", 0)))
 
 
-def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[bool]) -> RelevanceModel | None:
-    """在 (特征, 是否相关) 上拟合一种方式的模型；特征先按训练集标准化（常数特征的尺度记为 1）。
-    单调的方式（:data:`MONOTONE_MODES`）拟合出非正的权重时返回 None，且不记取值范围（不截断）。"""
+def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[float]) -> RelevanceModel | None:
+    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型；特征先按训练集标准化（常数特征的尺度记为 1）。
+
+    权重的符号受约束（:data:`FEATURE_SIGNS`）：证据变强时概率不降。拟合出反向权重的特征去掉后重拟合，
+    直到全部同向——反向的权重是模型借别的特征的组合去猜标签里特征之外的东西（例如“与出处同一篇文档”），
+    在真实问题上会把证据更弱的结果排到前面。单调的方式（:data:`MONOTONE_MODES`）一个特征都不剩时返回 None，
+    且不记取值范围（不截断）。"""
     names = MODE_FEATURES[mode]
     x = np.array([[row[name] for name in names] for row in rows], dtype=float)
     y = np.array(labels, dtype=float)
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
     scale[scale < 1e-9] = 1.0
-    weights, bias = fit_logistic((x - mean) / scale, y, l2=L2)
+    used = [i for i in range(len(names)) if x[:, i].std() > 1e-9]
+    weights = np.zeros(len(names))
+    bias = 0.0
+    while used:
+        fitted, bias = fit_logistic((x[:, used] - mean[used]) / scale[used], y, l2=L2)
+        signed = fitted * np.array([FEATURE_SIGNS[names[i]] for i in used])
+        if signed.min() >= 0:
+            weights[used] = fitted
+            break
+        del used[int(np.argmin(signed))]
     monotone = mode in MONOTONE_MODES
-    if monotone and not all(w > 0 for w in weights):
+    if monotone and not used:
         return None
     low, high = ((), ()) if monotone else (tuple(float(v) for v in x.min(axis=0)),
                                            tuple(float(v) for v in x.max(axis=0)))
     return RelevanceModel(mode, names, tuple(float(v) for v in mean), tuple(float(v) for v in scale),
-                          tuple(float(v) for v in weights), bias, low, high)
+                          tuple(float(v) for v in weights), bias, low, high, MODEL_REVISION)
 
 
 # ---------------------------------------------------------------- 伪查询

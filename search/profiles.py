@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 
 def current(model: RelevanceModel) -> bool:
-    """模型的特征是否就是当前代码为这种方式算的那些。"""
+    """模型的特征是否就是当前代码为这种方式算的那些（特征变了的旧模型不能用）。"""
     return model.features == MODE_FEATURES.get(model.mode)
 
 

@@ -10,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raglib.relevance import (
+    FEATURE_SIGNS,
     MODE_FEATURES,
+    MODEL_REVISION,
     Evidence,
     RelevanceModel,
     candidate_features,
@@ -95,6 +97,7 @@ def test_fitted_model_separates_and_round_trips() -> None:
                      "vector_rank": math.log1p(1 if relevant else rng.integers(2, 50))})
         labels.append(relevant)
     model = fit_model("vector", rows, labels)
+    assert model is not None
     scores = [model.probability(row) for row in rows]
     positive = np.mean([s for s, label in zip(scores, labels, strict=True) if label])
     negative = np.mean([s for s, label in zip(scores, labels, strict=True) if not label])
@@ -105,6 +108,27 @@ def test_fitted_model_separates_and_round_trips() -> None:
     edge = {"similarity": max(row["similarity"] for row in rows), "similarity_gap": 0.0, "similarity_lift": 0.1,
             "vector_rank": math.log1p(1)}
     assert model.probability(far) == pytest.approx(model.probability(edge))
+
+
+def test_fitted_weights_never_point_against_their_evidence() -> None:
+    """标签里有特征之外的东西（同文档的分块算部分相关）时，逻辑回归会拿反向权重去凑：这里的名次特征与相似度
+    一起变强时标签反而更低。约束后反向的特征权重为 0，概率随每个证据变强而不降，标签可以是 0~1 的相关程度。"""
+    rng = np.random.default_rng(2)
+    rows, labels = [], []
+    for _ in range(600):
+        similarity = rng.uniform(0.7, 0.95)
+        rank = rng.integers(1, 40)
+        rows.append({"similarity": similarity, "similarity_gap": similarity - 0.95,
+                     "similarity_lift": similarity - 0.75, "vector_rank": math.log1p(rank)})
+        # 名次越靠后越“相关”：与名次特征应有的方向相反
+        labels.append(float(np.clip((similarity - 0.7) * 3 + 0.01 * rank + rng.normal(scale=0.05), 0, 1)))
+    model = fit_model("vector", rows, labels)
+    assert model is not None and model.revision == MODEL_REVISION
+    assert all(weight * FEATURE_SIGNS[name] >= 0 for name, weight in zip(model.features, model.weights, strict=True))
+    assert model.weights[model.features.index("vector_rank")] == 0.0
+    weak = {"similarity": 0.8, "similarity_gap": -0.15, "similarity_lift": 0.05, "vector_rank": math.log1p(20)}
+    stronger = {**weak, "vector_rank": math.log1p(2)}
+    assert model.probability(stronger) >= model.probability(weak)
 
 
 @given(st.lists(st.booleans(), max_size=20))

@@ -18,10 +18,18 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
-from raglib.relevance import fit_model
+from raglib.relevance import PseudoQuery, fit_model
 from search import profiles, services
 from search.models import RelevanceProfile
-from search.relevance import MIN_CHUNKS, profiles_due, relevance_fit, relevance_forget, relevance_refresh
+from search.relevance import (
+    MIN_CHUNKS,
+    SAME_DOCUMENT_CREDIT,
+    label_for,
+    profiles_due,
+    relevance_fit,
+    relevance_forget,
+    relevance_refresh,
+)
 from tests.factories import ingest_text
 
 TOPICS = ["月季", "兰花", "招标", "评标", "木星", "火星", "高血压", "糖尿病", "铁路", "航空"]
@@ -142,6 +150,31 @@ def test_refresh_fits_new_and_changed_knowledge_bases_only(client_rw: Any, libra
         ingest_text(client_rw, library, f"补充{index}.md", f"# 补充{index}\n\n{body}")
     assert DocumentChunk.objects.filter(knowledge_base=library).count() > 1.2 * before
     assert library in profiles_due()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_models_of_an_older_fitting_method_are_refitted_but_still_used(library: KnowledgeBase) -> None:
+    relevance_fit(kb=library, queries=30, seed=0)
+    assert library not in profiles_due()
+    stored = RelevanceProfile.objects.get(knowledge_base=library)
+    stored.mode_models = {mode: {**data, "revision": 0} for mode, data in stored.mode_models.items()}
+    stored.save()
+    profiles.forget(library.id)
+    assert library in profiles_due()
+    assert profiles.relevance_model(library.id, "vector") is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_chunks_of_the_source_document_count_as_partly_relevant(library: KnowledgeBase) -> None:
+    """伪查询的标签：含原句的分块 1，同一篇文档的其他分块 SAME_DOCUMENT_CREDIT，别的文档 0。"""
+    rows = list(DocumentChunk.objects.filter(knowledge_base=library).order_by("document_id", "chunk_index"))
+    source, sibling = rows[0], next(r for r in rows[1:] if r.document_id == rows[0].document_id)
+    stranger = next(r for r in rows if r.document_id != source.document_id)
+    sentence = source.chunk_text.splitlines()[-1]
+    documents = {r.id: r.document_id for r in rows}
+    query = PseudoQuery(sentence[:-3], source.id, sentence)
+    labels = [label_for(query, chunk.document_id, chunk.chunk_text, documents) for chunk in (source, sibling, stranger)]
+    assert labels == [1.0, SAME_DOCUMENT_CREDIT, 0.0]
 
 
 @pytest.mark.django_db
