@@ -9,6 +9,10 @@
 重新加载要几秒；OCR 的输入在子进程里已按像素上限检查过，缩放到 MAX_IMAGE_SIDE 后再识别，内存有界。
 子进程把要识别的图片字节发给父进程，父进程用自己的引擎识别后把文字发回。
 
+小的纯文本与 Markdown 不进子进程（:func:`parses_in_process`）：它们由本项目自己的代码解码（编码判定只看前 64 KB），
+时间与内存随文件大小线性增长、有上界；起一个解析子进程（约 0.2 s，几乎全是 Python 启动与导入）比解析本身慢几十倍，
+而知识库里这类文件最多。大文件仍进子进程：解码与整理时的内存是文件大小的数倍，不该压在 worker 上。
+
 父子之间只传 JSON 与原始字节（不用 pickle）：子进程处理的是不可信的文件，即使解析库被攻破，
 也不能借反序列化在 worker 里执行代码。
 """
@@ -33,8 +37,10 @@ import structlog
 from django.conf import settings
 
 from raglib.parsing import ParsedDocument, ParseError, Segment, parse_document
+from raglib.parsing.detect import detect_format
 from raglib.parsing.limits import ParseLimits
 from raglib.parsing.ocr import OcrEngine
+from raglib.parsing.pipeline import HEAD_BYTES
 
 logger = structlog.get_logger(__name__)
 
@@ -47,6 +53,9 @@ _POLL_SECONDS = 0.5
 _STDERR_TAIL_BYTES = 4000
 # 子进程 CPU 时间上限比墙钟上限多出的秒数
 _CPU_SLACK_SECONDS = 5
+# 在本进程里解析的格式与大小上限（见模块说明）
+IN_PROCESS_FORMATS = frozenset({"txt", "markdown"})
+IN_PROCESS_MAX_BYTES = 1 << 20
 
 
 class SandboxFailure(ParseError):
@@ -193,9 +202,31 @@ def _parsed_from(message: dict[str, Any]) -> ParsedDocument:
                           notes=tuple(str(note) for note in message.get("notes") or ()))
 
 
+def parses_in_process(head: bytes, filename: str, size: int) -> bool:
+    """这个文件是否不进子进程、直接在本进程解析：不超过 ``IN_PROCESS_MAX_BYTES`` 的纯文本或 Markdown。
+    ``head`` 是文件开头（至少 8 KiB，文件更短时为全部）；格式判定不了（不支持、名不副实）的进子进程报错。"""
+    if size > IN_PROCESS_MAX_BYTES:
+        return False
+    try:
+        return detect_format(head, filename) in IN_PROCESS_FORMATS
+    except ParseError:
+        return False
+
+
 def parse_isolated(path: Path, *, filename: str, ocr: OcrEngine | None, limits: ParseLimits,
                    memory_limit: int, timeout: float) -> SandboxResult:
-    """在子进程里 ``parse_document``；解析错误原样抛 ParseError，超时 / 超内存 / 崩溃抛 SandboxFailure。"""
+    """在子进程里 ``parse_document``（小的纯文本与 Markdown 在本进程，见 :func:`parses_in_process`）；
+    解析错误原样抛 ParseError，超时 / 超内存 / 崩溃抛 SandboxFailure。"""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(HEAD_BYTES)
+        in_process = parses_in_process(head, filename, path.stat().st_size)
+    except OSError:
+        in_process = False  # 读不了的文件交给子进程，由它照常报告
+    if in_process:
+        started = time.monotonic()
+        parsed = parse_document(path, filename=filename, ocr=ocr, limits=limits)
+        return SandboxResult(parsed=parsed, max_rss_bytes=0, seconds=time.monotonic() - started)
     child = _Child(memory_limit=memory_limit, timeout=timeout)
     reply: dict[str, Any] | None = None
     try:

@@ -68,8 +68,9 @@ def ingest(client_rw: Any, kb_factory: Any, run_on_commit: Any, fake_embedder: A
         assert response.status_code == 202, response.content
         document = Document.objects.get(pk=response.json()["document_id"])
         assert document.status in (Document.Status.COMPLETED, Document.Status.FAILED), document.status
-        assert sandbox_runs, "parsing did not run in the sandbox"
-        assert sandbox_runs[-1]["max_rss_mb"] * MB < PARSE_RSS_CEILING, sandbox_runs[-1]
+        if not sandbox.parses_in_process(content[:8192], name, len(content)):
+            assert sandbox_runs, "parsing did not run in the sandbox"
+            assert sandbox_runs[-1]["max_rss_mb"] * MB < PARSE_RSS_CEILING, sandbox_runs[-1]
         return document
 
     run.kb = kb  # type: ignore[attr-defined]
@@ -310,8 +311,25 @@ def test_memory_ceiling_stops_the_parser_cleanly(tmp_path, sandbox_runs):
 
 
 def test_wall_clock_limit_kills_the_parser(tmp_path):
-    path = tmp_path / "a.txt"
-    path.write_text("正文")
+    path = tmp_path / "a.html"
+    path.write_text("<html><body><p>正文</p></body></html>")
     with pytest.raises(sandbox.SandboxFailure, match="did not finish within the time limit"):
-        sandbox.parse_isolated(path, filename="a.txt", ocr=None, limits=ParseLimits(), memory_limit=2 << 30,
+        sandbox.parse_isolated(path, filename="a.html", ocr=None, limits=ParseLimits(), memory_limit=2 << 30,
                                timeout=0.05)
+
+
+def test_small_plain_text_parses_in_process_and_large_or_other_formats_in_the_sandbox(tmp_path, sandbox_runs):
+    """小的 TXT / Markdown 不起子进程（结果与子进程里的相同），超过 IN_PROCESS_MAX_BYTES 或别的格式照样进子进程。"""
+    small = tmp_path / "a.md"
+    small.write_text("# 标题\n\n正文，第二句。", encoding="utf-8")
+    result = sandbox.parse_isolated(small, filename="a.md", ocr=None, limits=ParseLimits(), memory_limit=2 << 30,
+                                    timeout=30)
+    assert not sandbox_runs and result.parsed.format == "markdown" and "正文" in result.parsed.segments[0].text
+    large = tmp_path / "b.txt"
+    large.write_text("正文。" * (sandbox.IN_PROCESS_MAX_BYTES // 9 + 1), encoding="utf-8")
+    sandbox.parse_isolated(large, filename="b.txt", ocr=None, limits=ParseLimits(), memory_limit=2 << 30,
+                           timeout=60)
+    assert len(sandbox_runs) == 1
+    assert not sandbox.parses_in_process(b"<html><body>x</body></html>", "c.html", 30)
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64)
+    assert not sandbox.parses_in_process(png, "d.txt", len(png))  # 名不副实：交给子进程报错

@@ -368,7 +368,7 @@ def test_createapikey_duplicate_name_fails(db):
     assert ApiKey.objects.filter(name="dup").count() == 1
 
 
-@pytest.mark.parametrize("kb_id", [str(uuid.uuid4()), "not-a-uuid"])
+@pytest.mark.parametrize("kb_id", ["6f1c2a4e-0000-4000-8000-000000000000", "not-a-uuid"])
 def test_createapikey_unknown_kb_fails(kb_factory, kb_id):
     kb = kb_factory()
     with pytest.raises(CommandError, match="unknown knowledge base"):
