@@ -67,6 +67,10 @@ def _health_requests_in(path: Path) -> float:
     )
 
 
+def _workers_that_answered(server: GunicornServer) -> list[int]:
+    return [pid for pid, path in server.counter_files_by_pid().items() if _health_requests_in(path) > 0]
+
+
 def test_metrics_are_aggregated_across_gunicorn_workers(server: GunicornServer):
     started = time.monotonic()
     KnowledgeBase.objects.create(name="mp-enabled")
@@ -74,9 +78,11 @@ def test_metrics_are_aggregated_across_gunicorn_workers(server: GunicornServer):
 
     polls: list[str] = []
     wait_for(lambda: _answers(server, polls), timeout=60, interval=0.3, what="gunicorn /health")
-    # 每个 worker 加载应用时就会创建自己的计数文件：等到 3 个 worker 都就绪，请求才能分散开
-    wait_for(lambda: len(server.counter_files_by_pid()) >= WORKERS, timeout=60,
-             what=f"{WORKERS} gunicorn workers to load the app")
+    # 每个 worker 加载应用时就会创建自己的计数文件，但预热完引擎才开始接请求（机器忙时要十几秒）：一直探活到
+    # 3 个 worker 都有计数文件、且至少 2 个答过 /health，后面的请求才会分散开（探活的请求照样记在 polls 里）
+    wait_for(lambda: (len(server.counter_files_by_pid()) >= WORKERS and _answers(server, polls)
+                      and len(_workers_that_answered(server)) >= 2),
+             timeout=120, interval=0.2, what=f"{WORKERS} gunicorn workers to load the app, two of them answering")
 
     request_ids = []
     for _ in range(HEALTH_REQUESTS):
