@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Mapping
 from typing import IO, Any, ClassVar
 
@@ -138,6 +139,20 @@ _JSON_TYPES: tuple[tuple[tuple[type[serializers.Field], ...], tuple[type, ...] |
 )
 
 
+# OpenAPI 的 format: uuid 是 RFC 4122 的标准写法（8-4-4-4-12 个十六进制数字）；uuid.UUID 还收无连字符、带花括号、
+# urn:uuid: 前缀的写法，按 schema 生成的客户端与服务端对“合法 id”的理解会不一致
+_CANONICAL_UUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+def canonical_uuid(value: object) -> uuid.UUID | None:
+    """标准写法的 UUID 字符串（或 UUID 对象）→ UUID；别的写法与非法值 → None。"""
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
+        return uuid.UUID(value)
+    return None
+
+
 def json_type_error(field: serializers.Field, value: Any) -> Any:
     """``value``（JSON 解析的结果）的类型不是 ``field`` 要的类型时，返回 DRF 形式的错误，否则 None。
 
@@ -168,9 +183,11 @@ def json_type_error(field: serializers.Field, value: Any) -> Any:
         if accepted is None or (isinstance(field, serializers.ChoiceField)
                                 and not all(isinstance(choice, str) for choice in field.choices)):
             return None
-        if isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool)):
-            return None
-        return [DrfErrorDetail(f"Expected a JSON {expected}, got {_json_type_name(value)}.", code="invalid_type")]
+        if not isinstance(value, accepted) or (bool not in accepted and isinstance(value, bool)):
+            return [DrfErrorDetail(f"Expected a JSON {expected}, got {_json_type_name(value)}.", code="invalid_type")]
+        if isinstance(field, serializers.UUIDField) and canonical_uuid(value) is None:
+            return [DrfErrorDetail("Must be a UUID in the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.", code="invalid")]
+        return None
     return None
 
 

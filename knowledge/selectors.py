@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from infra.api import canonical_uuid
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail, not_found
 from infra.principal import Principal, authorize_knowledge_base
 from knowledge.models import CleanupTask, KnowledgeBase
@@ -24,13 +25,8 @@ def knowledge_base_by_name_or_id(value: str) -> KnowledgeBase | None:
 
 
 def parse_uuid(value: str | uuid.UUID) -> uuid.UUID | None:
-    """路径里的 id 不是合法 UUID 时视为“不存在”，而不是校验错误。"""
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        return None
+    """路径里的 id 不是标准写法的 UUID（无连字符、带花括号的也不算）时视为“不存在”，而不是校验错误。"""
+    return canonical_uuid(value)
 
 
 def knowledge_base_not_found(kb_id: object) -> ApplicationError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from urllib.parse import quote
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -308,3 +309,16 @@ def test_chunked_body_within_the_limit_still_meets_the_json_limit(client_rw, set
     body = json.dumps({"name": "n"}).encode()
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = len(body)
     assert _chunked(client_rw, "/knowledge_bases", body, "application/json").status_code == 201
+
+
+@pytest.mark.parametrize("spelling", ["hex", "braces", "urn"])
+def test_uuids_are_taken_only_in_their_canonical_form(client_rw, kb_factory, fake_embedder, spelling):
+    """schema 的 format: uuid 是 8-4-4-4-12 的写法；uuid.UUID 还收的写法（无连字符、花括号、urn:uuid:）在路径里按
+    “不存在”，在请求体里是校验错误——与按 schema 生成的客户端理解一致。"""
+    kb = kb_factory()
+    other = {"hex": kb.id.hex, "braces": f"{{{kb.id}}}", "urn": kb.id.urn}[spelling]
+    assert_error(client_rw.get(f"/knowledge_bases/{quote(other)}"), 404, "KNOWLEDGE_BASE_NOT_FOUND")
+    body = {"knowledge_base_id": str(kb.id), "query": "q", "filters": {"document_ids": [other]}}
+    error = assert_error(client_rw.post("/search", body, format="json"), 400, "VALIDATION_ERROR")
+    assert [d["field"] for d in error["details"]] == ["filters.document_ids.0"]
+    assert client_rw.get(f"/knowledge_bases/{kb.id}").status_code == 200
