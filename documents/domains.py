@@ -46,6 +46,10 @@ class DomainSyncStats:
     chunks_reused: int = 0
     seconds: float = 0.0
     failures: tuple[str, ...] = ()
+    # 当前版本写入的时间（ISO 8601）；跳过时另给写入它的那次同步的统计：超时后重试的调用方据此知道
+    # 第一次尝试已经做了什么（重试本身只会答“跳过”）
+    synced_at: str | None = None
+    last_applied: dict[str, object] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "failures": list(self.failures)}
@@ -96,6 +100,8 @@ def domain_sync(*, kb: KnowledgeBase, domain: str, version: str, items: Sequence
             and record.version == version and record.content_hash == digest):
         stats.skipped = True
         stats.unchanged = record.item_count
+        stats.synced_at = record.synced_at.isoformat()
+        stats.last_applied = record.stats
         logger.info("domain_sync_skipped", domain=domain, version=version)
         return stats
     current = _domain_items(kb, domain)
@@ -121,11 +127,12 @@ def domain_sync(*, kb: KnowledgeBase, domain: str, version: str, items: Sequence
     stats.failures = tuple(errors)
     stats.seconds = round(time.monotonic() - started, 3)
     with transaction.atomic():
-        KnowledgeDomain.objects.update_or_create(
+        record, _ = KnowledgeDomain.objects.update_or_create(
             knowledge_base=kb, domain=domain,
             defaults={"version": version, "content_hash": digest, "item_count": len(items), "stats": stats.as_dict(),
                       # 有条目失败时不记为已初始化：下次导入即使版本没变也会重试
                       "status": KnowledgeDomain.Status.FAILED if errors else KnowledgeDomain.Status.INITIALIZED},
         )
-    logger.info("domain_synced", **{k: v for k, v in stats.as_dict().items() if k != "failures"})
+    stats.synced_at = record.synced_at.isoformat()
+    logger.info("domain_synced", **{k: v for k, v in stats.as_dict().items() if k not in ("failures", "last_applied")})
     return stats

@@ -111,6 +111,9 @@ class ItemBulkResultSerializer(serializers.Serializer):
     document_id = serializers.UUIDField(allow_null=True)
     chunks_embedded = serializers.IntegerField()
     chunks_reused = serializers.IntegerField()
+    # 客户端在超时重试后据此判断第一次尝试是否已经写入（见 ragservice_client 的 resent）
+    created_at = serializers.DateTimeField(allow_null=True, help_text="条目的创建时间；失败时为 null")
+    updated_at = serializers.DateTimeField(allow_null=True, help_text="条目的最近修改时间；失败时为 null")
     error = serializers.DictField(allow_null=True, help_text="失败时为错误契约里的 error 对象")
 
 
@@ -121,9 +124,12 @@ class ItemBulkResponseSerializer(serializers.Serializer):
 
 def bulk_result_payload(index: int, result: ItemResult) -> dict[str, Any]:
     error = error_body(result.error.code, result.error.message, result.error.details)["error"] if result.error else None
+    document = result.document
     return {"index": index, "external_id": result.external_id, "result": result.result,
-            "document_id": result.document.id if result.document is not None else None,
-            "chunks_embedded": result.chunks_embedded, "chunks_reused": result.chunks_reused, "error": error}
+            "document_id": document.id if document is not None else None,
+            "chunks_embedded": result.chunks_embedded, "chunks_reused": result.chunks_reused,
+            "created_at": document.created_at if document is not None else None,
+            "updated_at": document.updated_at if document is not None else None, "error": error}
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -166,6 +172,11 @@ class DomainSyncResultSerializer(serializers.Serializer):
     chunks_reused = serializers.IntegerField()
     seconds = serializers.FloatField()
     failures = serializers.ListField(child=serializers.CharField(), help_text="失败条目的 id 与原因")
+    synced_at = serializers.DateTimeField(
+        allow_null=True, help_text="当前版本写入的时间（跳过时是更早那次同步的时间）；dry_run 时为 null")
+    last_applied = serializers.DictField(allow_null=True,
+                                         help_text="跳过时：写入当前版本的那次同步的统计（超时重试的客户端据此报告"
+                                                   "第一次尝试做了什么）；否则为 null")
 
 
 class DomainSerializer(serializers.Serializer):

@@ -114,16 +114,18 @@ def test_typed_errors_and_retries(rag: RagClient, live_server: Any, make_client:
 
 
 class TimesOutAfterCommit(HTTPAdapter):
-    """传输层的替身：第一个 PUT 照常送到服务端、服务端提交之后，客户端这边假装读超时（就像模型冷加载让响应
-    超过了 30 秒）；之后的请求照常。"""
+    """传输层的替身：第一个写请求（PUT，或 URL 含 ``path`` 的 POST）照常送到服务端、服务端提交之后，客户端这边
+    假装读超时（就像模型冷加载让响应超过了 30 秒）；之后的请求照常。"""
 
     def __init__(self) -> None:
         super().__init__()
         self.timed_out: list[str] = []
+        self.path = ""
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
         response = super().send(request, *args, **kwargs)
-        if request.method == "PUT" and not self.timed_out:
+        targeted = request.method == "PUT" if not self.path else self.path in str(request.url)
+        if targeted and not self.timed_out:
             self.timed_out.append(str(request.url))
             raise requests.ReadTimeout("Read timed out (simulated, after the server committed)", request=request)
         return response
@@ -174,6 +176,38 @@ def test_retry_after_a_timeout_still_reports_a_true_unchanged(flaky_rag: tuple[R
                                                        updated_at=timezone.now() - timedelta(hours=1))
     written = rag.put_item("rose", "原样")
     assert adapter.timed_out and (written.result, written.resent) == ("unchanged", True)
+
+
+def test_bulk_retry_after_a_timeout_reports_the_creates_it_retried(
+        flaky_rag: tuple[RagClient, TimesOutAfterCommit], live_server: Any, make_client: Any) -> None:
+    """批量写入超时重试：第一次已经新建的条目，重试答 unchanged，客户端按时间戳报 created；真没变的仍是 unchanged。"""
+    rag, adapter = flaky_rag
+    adapter.path = "/items/bulk"
+    steady = RagClient(live_server.url, make_client().raw_key, knowledge_base_id=rag.knowledge_base_id)
+    steady.put_item("old", "原样")
+    Document.objects.filter(external_id="old").update(created_at=timezone.now() - timedelta(hours=1),
+                                                      updated_at=timezone.now() - timedelta(hours=1))
+    results = rag.bulk_upsert([{"external_id": "rose", "content": "月季"}, {"external_id": "old", "content": "原样"}])
+    assert adapter.timed_out
+    assert [(r["external_id"], r["result"], r["resent"]) for r in results] == [
+        ("rose", "created", True), ("old", "unchanged", True)]
+    assert Document.objects.filter(external_id="rose").count() == 1
+
+
+def test_sync_retry_after_a_timeout_reports_what_the_first_attempt_did(
+        flaky_rag: tuple[RagClient, TimesOutAfterCommit]) -> None:
+    """domain 同步超时重试：重试只会答“跳过”；客户端看到当前版本写于这次调用之内，报告第一次尝试的统计。"""
+    rag, adapter = flaky_rag
+    adapter.path = "/domains/garden/sync"
+    stats = rag.sync_domain("garden", "v1", [{"external_id": "rose", "content": "月季"},
+                                             {"external_id": "orchid", "content": "兰花"}])
+    assert adapter.timed_out
+    assert (stats["skipped"], stats["created"], stats["resent"]) == (False, 2, True)
+    # 再同步一次同样的版本：真的跳过（没有重试，不改判）
+    again = rag.sync_domain("garden", "v1", [{"external_id": "rose", "content": "月季"},
+                                             {"external_id": "orchid", "content": "兰花"}])
+    assert (again["skipped"], again["created"], again["resent"]) == (True, 0, False)
+    assert again["last_applied"]["created"] == 2
 
 
 def test_no_retry_no_second_guessing(rag: RagClient, kb_factory: Any) -> None:

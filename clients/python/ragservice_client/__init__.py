@@ -203,11 +203,17 @@ class RagClient:
 
     def bulk_upsert(self, items: Iterable[Mapping[str, Any]], *,
                     knowledge_base_id: str | None = None) -> list[dict[str, Any]]:
-        """批量写入（每项含 external_id 与 PUT 的字段），返回逐条结果。"""
-        data = self._request("POST", f"/knowledge_bases/{self._kb(knowledge_base_id)}/items/bulk",
-                             json={"items": [dict(item) for item in items]})
-        results: list[dict[str, Any]] = data["results"]
-        return results
+        """批量写入（每项含 external_id 与 PUT 的字段），返回逐条结果。
+
+        请求超时后重试过时（每条结果的 ``resent`` 为真），答 unchanged 的条目按它的时间戳改判为 created / updated，
+        规则同 :class:`ItemWrite`。"""
+        exchange = self._exchange("POST", f"/knowledge_bases/{self._kb(knowledge_base_id)}/items/bulk",
+                                  json={"items": [dict(item) for item in items]})
+        results: list[dict[str, Any]] = _parsed(exchange.response)["results"]
+        if not exchange.resent:
+            return [{**row, "resent": False} for row in results]
+        since = _call_started(exchange)
+        return [{**row, "result": _resent_result(row["result"], row, since=since), "resent": True} for row in results]
 
     def get_item(self, external_id: str, *, knowledge_base_id: str | None = None) -> dict[str, Any]:
         item: dict[str, Any] = self._request("GET", self._item_path(knowledge_base_id, external_id))
@@ -229,11 +235,19 @@ class RagClient:
 
     def sync_domain(self, domain: str, version: str, items: Iterable[Mapping[str, Any]], *, dry_run: bool = False,
                     knowledge_base_id: str | None = None) -> dict[str, Any]:
-        """整体同步一个 domain（版本与内容未变则跳过，文件里没有的旧条目会被删除）。"""
-        stats: dict[str, Any] = self._request(
+        """整体同步一个 domain（版本与内容未变则跳过，文件里没有的旧条目会被删除）。
+
+        请求超时后重试过时（``resent`` 为真），重试本身只会答“跳过”：服务端当前版本的写入时间落在这次调用里，说明
+        是之前超时的那次写的，返回那次同步的统计（``skipped`` 为假），而不是“什么都没做”。"""
+        exchange = self._exchange(
             "POST", f"/knowledge_bases/{self._kb(knowledge_base_id)}/domains/{domain}/sync",
             json={"version": version, "items": [dict(item) for item in items], "dry_run": dry_run})
-        return stats
+        stats: dict[str, Any] = _parsed(exchange.response)
+        synced = _timestamp(stats.get("synced_at"))
+        if (exchange.resent and stats.get("skipped") and stats.get("last_applied")
+                and synced is not None and synced >= _call_started(exchange)):
+            stats = {**stats["last_applied"], "synced_at": stats["synced_at"], "last_applied": None}
+        return {**stats, "resent": exchange.resent}
 
     # ------------------------------------------------------------ 文档
 
