@@ -4,8 +4,8 @@
 
 - django-q2 worker（``post_spawn``，:func:`warm_worker`）：默认模型的查询引擎与文档批量引擎、分块 tokenizer、
   OCR 引擎、全文切词词典；
-- web 进程（gunicorn ``post_worker_init``）：同样要文档批量引擎——条目写入（PUT）在请求里同步 embedding——不要 OCR，
-  另加重排序模型（只有检索用它）；
+- web 进程（gunicorn ``post_worker_init``）：同样要文档批量引擎——条目写入（PUT）在请求里同步 embedding；只做检索的
+  部署用 ``RAG_WEB_DOCUMENT_ENGINE=false`` 省掉它——不要 OCR，另加重排序模型（只有检索用它）；
 - ``manage.py mcp``：检索要用的（查询引擎、全文词典、重排序），key 能写时连同文档批量引擎（upsert_knowledge_item）；
 - ``manage.py import_knowledge`` 不经这里：它在第一个要写入的条目之前预热知识库自己的模型（``infra.embedders``）。
 

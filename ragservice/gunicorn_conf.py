@@ -59,10 +59,12 @@ WARM_UP_HEARTBEAT_LIMIT = 600.0
 
 
 def post_worker_init(worker: Any) -> None:
-    """在接第一个请求之前预加载：默认 embedding 模型的查询引擎与文档批量引擎（条目写入在请求里同步 embedding）、
-    分块 tokenizer、重排序模型、全文检索的切词词典与 URLconf，免得第一个检索或条目 PUT 替所有人付这笔开销。
-    任务在 web 进程里同步执行（``RAG_QUEUE_SYNC=true``）时连同 OCR 引擎。"""
+    """在接第一个请求之前预加载：默认 embedding 模型的查询引擎与文档批量引擎（条目写入在请求里同步 embedding；
+    ``RAG_WEB_DOCUMENT_ENGINE=false`` 的只读部署不加载）、分块 tokenizer、重排序模型、全文检索的切词词典与 URLconf，
+    免得第一个检索或条目 PUT 替所有人付这笔开销。任务在 web 进程里同步执行（``RAG_QUEUE_SYNC=true``）时连同
+    OCR 引擎（与文档批量引擎）。"""
     # gunicorn 在 Django 初始化之前加载本配置文件：用到 Django 的模块只能在 worker 初始化之后的钩子里导入
+    from django.conf import settings
     from django_q.conf import Conf
 
     from ops.warmup import load_models, load_urlconf
@@ -81,7 +83,7 @@ def post_worker_init(worker: Any) -> None:
     beat = threading.Thread(target=heartbeat, name="warm-up-heartbeat", daemon=True)
     beat.start()
     try:
-        load_models(ocr=Conf.SYNC, rerank=True, documents=True)
+        load_models(ocr=Conf.SYNC, rerank=True, documents=settings.WEB_DOCUMENT_ENGINE or Conf.SYNC)
         load_urlconf()
     finally:
         stop.set()

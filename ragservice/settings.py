@@ -469,6 +469,11 @@ SERVE_HOST = env_str("RAG_HOST", "127.0.0.1", "web 服务监听地址")
 SERVE_PORT = env_int("RAG_PORT", 8000, "web 服务监听端口", minimum=1, maximum=65535)
 WEB_WORKERS = env_int("RAG_WEB_WORKERS", 2, "gunicorn worker 进程数", minimum=1)
 WEB_THREADS = env_int("RAG_WEB_THREADS", 4, "每个 gunicorn worker 的线程数", minimum=1)
+# 条目 PUT 在 web 进程的请求里同步 embedding，所以 web 进程默认也预热文档批量引擎（torch，每个进程约 0.9 GB）；
+# 只做检索的 web 部署（写入走另一组进程）用不到它
+WEB_DOCUMENT_ENGINE = env_bool("RAG_WEB_DOCUMENT_ENGINE", True,
+                               "web 进程启动时预热文档批量引擎（条目写入用）；只做检索的部署设为 false，每个进程省约 "
+                               "0.9 GB 内存，条目写入时再加载")
 
 # admin 的 cookie 在生产模式下默认只走 HTTPS
 SESSION_COOKIE_SECURE = env_bool("RAG_SECURE_COOKIES", PRODUCTION,

@@ -156,6 +156,23 @@ def test_gunicorn_workers_warm_the_reranker_then_freeze_startup_objects(monkeypa
         gc.unfreeze()
 
 
+def test_read_only_web_deployment_skips_the_document_engine(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """RAG_WEB_DOCUMENT_ENGINE=false：只做检索的 web 进程不加载文档批量引擎（省约 0.9 GB），查询引擎照常预热。"""
+    from ragservice import gunicorn_conf
+
+    monkeypatch.setattr(Conf, "SYNC", False)
+    settings.WEB_DOCUMENT_ENGINE = False
+    calls: list[Any] = []
+    monkeypatch.setattr("ops.warmup.load_models", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr("ops.warmup.load_urlconf", lambda: None)
+    gc.unfreeze()
+    try:
+        gunicorn_conf.post_worker_init(worker=None)
+    finally:
+        gc.unfreeze()
+    assert calls == [{"ocr": False, "rerank": True, "documents": False}]
+
+
 def test_reranker_that_would_need_a_download_is_left_for_the_first_search(flag_reranker: Any) -> None:
     """hub id 不在本机缓存里：启动时不去下载（会拖住 gunicorn worker 的启动），留给第一次检索。"""
     flag_reranker.RERANK_MODEL = "BAAI/no-such-reranker-in-the-cache"
