@@ -1,6 +1,6 @@
-"""文档摄取流水线：parse（含 OCR）→ chunk → embed → store。
+"""文档摄取流水线：parse（含 OCR）→ chunk → embed → store，一张有序的步骤表（:data:`STEPS`）。
 
-每一步是一个小函数，输入输出都是明确的数据类，单独计时、记日志（带请求 ID）。
+每一步是一个小函数，读写同一个 :class:`Work`（解析结果、分块、向量），单独计时、记日志（带请求 ID）。
 整体约束：
 - 一个文档的全部分块与 ``status=completed``、``chunk_count`` 在同一个事务里出现；
   任何失败都不会留下本次尝试的分块（重新索引时旧分块保持可检索，直到新分块提交）。
@@ -595,21 +595,52 @@ def _requeue_superseded(run: Run) -> None:
                       queue=ingestion_queue(document))
 
 
+@dataclass
+class Work:
+    """一次尝试里各步之间传递的中间结果：每一步读前面几步留下的，写自己的。"""
+
+    provider: EmbeddingProvider
+    parsed: ParsedDocument | None = None
+    drafts: list[ChunkDraft] = field(default_factory=list)
+    vectors: list[np.ndarray | None] = field(default_factory=list)
+    chunks: int = 0
+
+
+def _parse(run: Run, work: Work) -> None:
+    work.parsed = parse_step(run)
+
+
+def _chunk(run: Run, work: Work) -> None:
+    assert work.parsed is not None
+    work.drafts = chunk_step(run, work.parsed, work.provider)
+
+
+def _embed(run: Run, work: Work) -> None:
+    work.vectors = embed_step(run, work.drafts, work.provider)
+
+
+def _store(run: Run, work: Work) -> None:
+    assert work.parsed is not None
+    run.check_deadline("store")
+    work.chunks = store_step(run, work.parsed, work.drafts, work.vectors)
+
+
+# 摄取按这个次序一步一步做（paperless-ngx 的 consumer 也是这样一张有序的步骤表）：步名就是文档行上的 stage、
+# 计时的键与失败分类的依据（_classify）；加一步就是在这里加一行，并写一个读写 Work 的函数
+STEPS: tuple[tuple[str, Callable[[Run, Work], None]], ...] = (
+    ("parse", _parse), ("chunk", _chunk), ("embed", _embed), ("store", _store),
+)
+
+
 def _execute(run: Run) -> None:
-    stage = "parse"
-    vectors: list[np.ndarray | None] = []
+    stage = STEPS[0][0]
+    work: Work | None = None
     try:
         if run.kb.is_deleted:
             raise DocumentGone()
-        provider = embedder(run.kb.embedding_provider, run.kb.embedding_model)
-        parsed = parse_step(run)
-        stage = "chunk"
-        drafts = chunk_step(run, parsed, provider)
-        stage = "embed"
-        vectors = embed_step(run, drafts, provider)
-        stage = "store"
-        run.check_deadline("store")
-        count = store_step(run, parsed, drafts, vectors)
+        work = Work(provider=embedder(run.kb.embedding_provider, run.kb.embedding_model))
+        for stage, step in STEPS:  # noqa: B007 - 出错时 except 里按 stage 判断是哪一步
+            step(run, work)
     except DocumentGone:
         Document.objects.filter(pk=run.document.pk).update(stage="")
         vectors_discard(document=run.document)
@@ -628,18 +659,18 @@ def _execute(run: Run) -> None:
         raise
     except Exception as exc:
         failure = _classify(stage, exc)
-        if stage == "store" and failure.transient:
+        if stage == "store" and failure.transient and work is not None:
             vectors_stash(document=run.document, vectors={
-                text_hash(embedding_input(draft)): vector for draft, vector in zip(drafts, vectors, strict=True)
-                if vector is not None})
+                text_hash(embedding_input(draft)): vector
+                for draft, vector in zip(work.drafts, work.vectors, strict=True) if vector is not None})
         _fail_or_retry(run, failure)
         return
     vectors_discard(document=run.document)
     # store 阶段自身的耗时要等事务提交后才知道，单独补写
     Document.objects.filter(pk=run.document.pk).update(stage_timings=run.timings_ms())
     metrics.DOCUMENT_INGESTION.labels(status="completed").inc()
-    logger.info("ingest_completed", chunks=count, reindex=run.reindex, notes=len(parsed.notes),
-                timings_ms=run.timings_ms())
+    logger.info("ingest_completed", chunks=work.chunks, reindex=run.reindex,
+                notes=len(work.parsed.notes) if work.parsed is not None else 0, timings_ms=run.timings_ms())
 
 
 def _run_attempt(document_id: Any, attempt: int, lease: Lease) -> None:
