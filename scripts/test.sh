@@ -4,6 +4,8 @@
 #                                 CI 与不带参数的运行照常跑全部测试。
 # 引导时另装测试才需要的系统包（chromium、chromium-driver、fonts-wqy-zenhei），见 bootstrap.sh。
 # 按 CPU 数并行（pytest-xdist，每个 worker 一个测试库，共用同一个 PostgreSQL 服务器）；RAG_TEST_WORKERS=0 时串行。
+# 标了 serial 的测试（schemathesis：按操作展开的测试共用一个节点 id，xdist 分发不了）在并行的一轮之后单独在一个
+# 进程里跑，覆盖率两轮合并后再检查。
 # 测试的大半时间在等数据库与子进程，2 核机器上两个 worker 比串行快约 1.4 倍。
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,4 +16,8 @@ if [[ "${1:-}" == "--fast" ]]; then
     shift
     exec .venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not slow and not process and not browser" "$@"
 fi
-exec .venv/bin/python -m pytest -n "$WORKERS" --dist worksteal --cov --cov-report=term --cov-fail-under=80 "$@"
+# 只跑一部分测试时，其中一轮可能一个测试都没有（退出码 5：没有收集到测试），不算失败
+allow_empty() { "$@" || { local rc=$?; [[ $rc -eq 5 ]] || exit $rc; }; }
+allow_empty .venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not serial" --cov --cov-report= "$@"
+allow_empty .venv/bin/python -m pytest -p no:xdist -m serial --cov --cov-append --cov-report=term \
+    --cov-fail-under=80 "$@"

@@ -36,7 +36,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 # 每个操作的例子数与有状态场景数：合计 1000 个以上请求，在 2 核的开发机上约两分钟
 EXAMPLES_PER_OPERATION = 40
 STATEFUL_SCENARIOS = 50
-pytestmark = pytest.mark.slow
+# serial：schemathesis 按操作展开的测试共用一个节点 id，pytest-xdist 分发不了（每个只会跑一次），最后的
+# test_enough_cases_were_generated 也要看到整个文件的请求数；scripts/test.sh 把它们放在一个进程里另跑
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 # 按操作统计实际发出的请求数（含有状态场景里的每一步）
 CASES: Counter[str] = Counter()
 
