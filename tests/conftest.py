@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,6 +13,19 @@ from rest_framework.test import APIClient
 
 from knowledge.models import KnowledgeBase
 from ops.models import ApiKey
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``RAG_TEST_ROUND``（scripts/test.sh 设）：``parallel`` 只留没有 ``serial`` 标记的测试，``serial`` 只留有标记的。
+    两轮各自照常应用调用方的 -m、-k 与路径；不设时一个进程跑全部。"""
+    round_ = os.environ.get("RAG_TEST_ROUND")
+    if round_ not in ("parallel", "serial"):
+        return
+    wanted = round_ == "serial"
+    kept = [item for item in items if (item.get_closest_marker("serial") is not None) == wanted]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
