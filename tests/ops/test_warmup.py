@@ -156,12 +156,11 @@ def test_gunicorn_workers_warm_the_reranker_then_freeze_startup_objects(monkeypa
         gc.unfreeze()
 
 
-def test_read_only_web_deployment_skips_the_document_engine(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
-    """RAG_WEB_DOCUMENT_ENGINE=false：只做检索的 web 进程不加载文档批量引擎（省约 0.9 GB），查询引擎照常预热。"""
+def _web_warm_up_calls(monkeypatch: pytest.MonkeyPatch, *, sync: bool) -> list[Any]:
+    """gunicorn 的 ``post_worker_init`` 交给 ``load_models`` 的参数（不真的加载模型）。"""
     from ragservice import gunicorn_conf
 
-    monkeypatch.setattr(Conf, "SYNC", False)
-    settings.WEB_DOCUMENT_ENGINE = False
+    monkeypatch.setattr(Conf, "SYNC", sync)
     calls: list[Any] = []
     monkeypatch.setattr("ops.warmup.load_models", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr("ops.warmup.load_urlconf", lambda: None)
@@ -170,7 +169,13 @@ def test_read_only_web_deployment_skips_the_document_engine(monkeypatch: pytest.
         gunicorn_conf.post_worker_init(worker=None)
     finally:
         gc.unfreeze()
-    assert calls == [{"ocr": False, "rerank": True, "documents": False}]
+    return calls
+
+
+def test_read_only_web_deployment_skips_the_document_engine(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """RAG_WEB_DOCUMENT_ENGINE=false：只做检索的 web 进程不加载文档批量引擎（省约 0.9 GB），查询引擎照常预热。"""
+    settings.WEB_DOCUMENT_ENGINE = False
+    assert _web_warm_up_calls(monkeypatch, sync=False) == [{"ocr": False, "rerank": True, "documents": False}]
 
 
 def test_reranker_that_would_need_a_download_is_left_for_the_first_search(flag_reranker: Any) -> None:
@@ -295,20 +300,12 @@ def test_tasks_in_the_web_process_get_ocr_warmed_there_not_per_task(monkeypatch:
                                                                      clusters: list[FakeStat]) -> None:
     """同步模式：任务在 web 进程里执行，gunicorn 连同 OCR 一起预热；django-q2 每个同步任务都发的 post_spawn
     不再预热（也不登记）。"""
-    from ragservice import gunicorn_conf
-
     monkeypatch.setattr(Conf, "SYNC", True)
     calls: list[Any] = []
     monkeypatch.setattr("ops.warmup.load_models", lambda **kwargs: calls.append(kwargs))
-    monkeypatch.setattr("ops.warmup.load_urlconf", lambda: None)
     post_spawn.send(sender="django_q", proc_name="MainProcess")
     assert calls == [] and caches["cluster"].get(warm_key(socket.gethostname(), os.getpid())) is None
-    gc.unfreeze()
-    try:
-        gunicorn_conf.post_worker_init(worker=None)
-    finally:
-        gc.unfreeze()
-    assert calls == [{"ocr": True, "rerank": True, "documents": True}]
+    assert _web_warm_up_calls(monkeypatch, sync=True) == [{"ocr": True, "rerank": True, "documents": True}]
 
 
 def test_gunicorn_worker_keeps_reporting_alive_while_it_warms_up(monkeypatch: pytest.MonkeyPatch) -> None:
