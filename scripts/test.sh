@@ -3,7 +3,8 @@
 #   bash scripts/test.sh --fast   快速一层：跳过标记为 slow / process / browser 的测试（不查覆盖率），改代码时用；
 #                                 CI 与不带参数的运行照常跑全部测试。
 # 引导时另装测试才需要的系统包（chromium、chromium-driver、fonts-wqy-zenhei），见 bootstrap.sh。
-# 按 CPU 数并行（pytest-xdist，每个 worker 一个测试库，共用同一个 PostgreSQL 服务器）；RAG_TEST_WORKERS=0 时串行。
+# 按 CPU 数并行（pytest-xdist，每个 worker 一个测试库，共用同一个 PostgreSQL 服务器；RAG_TEST_WORKERS=N 指定个数，
+# 0 时串行）。
 # 标了 serial 的测试（schemathesis：按操作展开的测试共用一个节点 id，xdist 分发不了）在一个进程里另跑
 # （RAG_TEST_ROUND 分开两轮，见 tests/conftest.py），覆盖率两轮合并后再检查。
 # 测试的大半时间在等数据库与子进程，2 核机器上两个 worker 比串行快约 1.4 倍。
@@ -11,7 +12,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/bootstrap.sh" --test
 cd "$ROOT"
-WORKERS="${RAG_TEST_WORKERS:-auto}"
+# 默认按 CPU 数、至多 4 个：每个 worker 连同检索线程池要占十来个数据库连接，PostgreSQL 默认上限 100
+CPUS="$(nproc 2>/dev/null || echo 2)"
+WORKERS="${RAG_TEST_WORKERS:-$((CPUS < 4 ? CPUS : 4))}"
 if [[ "${1:-}" == "--fast" ]]; then
     shift
     # 快速一层里没有 serial 的测试（schemathesis 都标了 slow）
