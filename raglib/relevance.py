@@ -182,12 +182,15 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[f
     scale[scale < 1e-9] = 1.0
     used = [i for i in range(len(names)) if x[:, i].std() > 1e-9]
     weights = np.zeros(len(names))
-    bias = 0.0
+    # 一个特征都不剩时只有截距：训练集平均相关程度的对数几率
+    share = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
+    bias = math.log(share / (1 - share))
     while used:
-        fitted, bias = fit_logistic((x[:, used] - mean[used]) / scale[used], y, l2=L2)
+        fitted, fitted_bias = fit_logistic((x[:, used] - mean[used]) / scale[used], y, l2=L2)
         signed = fitted * np.array([FEATURE_SIGNS[names[i]] for i in used])
         if signed.min() >= 0:
             weights[used] = fitted
+            bias = fitted_bias
             break
         del used[int(np.argmin(signed))]
     monotone = mode in MONOTONE_MODES

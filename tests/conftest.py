@@ -22,9 +22,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if round_ not in ("parallel", "serial"):
         return
     wanted = round_ == "serial"
-    kept = [item for item in items if (item.get_closest_marker("serial") is not None) == wanted]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (kept if (item.get_closest_marker("serial") is not None) == wanted else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
         items[:] = kept
 
 
