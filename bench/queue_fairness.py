@@ -58,6 +58,7 @@ from documents.ingestion import INGEST_TASK_FUNC  # noqa: E402
 from documents.models import Document  # noqa: E402
 from documents.services import document_upload  # noqa: E402
 from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
+from jobs.models import Job  # noqa: E402
 from knowledge.models import CleanupTask, KnowledgeBase  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_delete  # noqa: E402
 from ops.management.commands.serve import STOP_SECONDS, group_alive, stop_groups  # noqa: E402
@@ -243,10 +244,16 @@ def _graceful_stop(cluster: subprocess.Popen[bytes]) -> float:
     return time.monotonic() - started
 
 
+def _job_ids(document_ids: set[str]) -> set[str]:
+    """这些文档的摄取作业 id：队列消息与 django-q2 的任务记录里的参数是作业 id。"""
+    return {str(pk) for pk in Job.objects.filter(target_id__in=document_ids).values_list("pk", flat=True)}
+
+
 def _forget_messages(document_ids: set[str]) -> None:
     """停止时被交还、原样重新入队的本脚本的消息（文档已随知识库删除）：不留给下一次测量。"""
+    job_ids = _job_ids(document_ids)
     stale = [row.pk for row in OrmQ.objects.all()
-             if str((SignedPackage.loads(row.payload).get("args") or ("",))[0]) in document_ids]
+             if str((SignedPackage.loads(row.payload).get("args") or ("",))[0]) in job_ids]
     OrmQ.objects.filter(pk__in=stale).delete()
 
 
@@ -258,8 +265,9 @@ def _small_text(tag: str) -> str:
 def _ran_on(document_ids: set[str]) -> dict[str, int]:
     """这些文档的摄取任务各由哪个集群（队列）的 worker 执行了几个（django-q2 的 Task 行记下执行者的集群名）。"""
     counts: dict[str, int] = {}
+    job_ids = _job_ids(document_ids)
     for task in Task.objects.filter(func=INGEST_TASK_FUNC).order_by("-started")[: 10 * len(document_ids)]:
-        if task.args and str(task.args[0]) in document_ids:
+        if task.args and str(task.args[0]) in job_ids:
             counts[task.cluster or "?"] = counts.get(task.cluster or "?", 0) + 1
     return counts
 

@@ -75,7 +75,8 @@ class DocumentAdmin(_ReadOnlyAdmin):
     list_filter = [DocumentKindFilter, "status", "reindex_status", "ocr_skipped", "format", "knowledge_base"]
     search_fields = ["filename", "id", "external_id", "error_message"]
     list_select_related = ["knowledge_base"]
-    readonly_fields = [*(f.name for f in Document._meta.fields), "kind", "state", "ocr", "timings"]
+    readonly_fields = [*(f.name for f in Document._meta.fields), "kind", "state", "ocr", "timings", "attempts",
+                       "next_retry_at"]
     # 详情页与列表用同样的“状态与进度”“OCR”说明，不显示布尔图标；耗时是一张小表，不是 JSON 原文
     fieldsets = [
         (None, {"fields": ["filename", "kind", "knowledge_base", "state", "error_message", "chunk_count", "format",

@@ -4,16 +4,17 @@
 整体约束：
 - 一个文档的全部分块与 ``status=completed``、``chunk_count`` 在同一个事务里出现；
   任何失败都不会留下本次尝试的分块（重新索引时旧分块保持可检索，直到新分块提交）。
-- 同一文档同一时刻只有一个执行者：写在文档行上的租约（owner 令牌 + 到期时间，后台线程续期），
-  提交时核对令牌——数据库重启释放了 advisory lock 也不会让两个 worker 处理同一文档。
+- 摄取与重新索引是一种后台作业（``jobs``，种类 ``ingest``）：租约、心跳、退避重试、worker 死亡判定、停止后放回
+  都由作业执行器（``jobs.runner``）负责，这里只有“怎么做一次尝试”（:func:`execute`）与“失败怎么告诉用户”
+  （:func:`record_failure`）。提交分块时核对作业的租约（``JobRun.hold``）：租约被收回后，活儿干完了也不写。
 - 小文件与知识条目走快队列，大文件走主队列；主队列全局最多 RAG_INGEST_CONCURRENCY 个文档并行。
   主队列的 worker 空着时也做快队列里的小文件，快队列的 worker 从不做大文件（infra.broker，IDLE-WORKER-TAKES-WORK）。
-- 暂时性失败（模型熔断、数据库连接）按退避自动重试；永久性失败（损坏、加密、空文件）立即失败。
+- 暂时性失败（模型熔断、数据库连接）按退避自动重试；永久性失败（损坏、加密、空文件、超限）立即失败。
   只差入库一步失败时，已算好的向量暂存下来（documents.vector_stash），重试不再重算。
-- 超过 RAG_INGEST_TIMEOUT 即失败；worker 死掉（租约到期不续）由回收器（ops.tasks）接手，
-  两次弄死 worker 的文档直接失败，文档终会进入终态。
+- 超过 RAG_INGEST_TIMEOUT 即失败；worker 死掉（租约到期不续）由回收器接手，两次弄死 worker 的文档直接失败，
+  文档终会进入终态。
 - worker 收到停止信号（服务停止、重启；infra.workers）不是死掉：在下一个检查点（每个阶段开始、embed 的每一片之间）
-  放下这次尝试，已算好的向量暂存，交还租约，按同一个尝试号重新进入自己的队列（GRACEFUL-STOP-NOT-A-DEATH）。
+  放下这次尝试，已算好的向量暂存，作业按同一个尝试号回到自己的队列（GRACEFUL-STOP-NOT-A-DEATH）。
 """
 
 from __future__ import annotations
@@ -41,9 +42,20 @@ from infra import metrics
 from infra.context import enqueue
 from infra.embedders import embedder
 from infra.errors import is_database_unavailable
-from infra.locks import Lease, any_advisory_lock, row_lease
-from infra.retry import backoff_seconds, database_ready, schedule_task
 from infra.workers import stop_requested
+from jobs.models import Job
+from jobs.runner import (
+    MAX_WORKER_DEATHS,
+    Failure,
+    JobCancelled,
+    JobFailed,
+    JobKind,
+    JobRun,
+    LeaseLost,
+    WorkerStopping,
+    attempt_words,
+    submit,
+)
 from knowledge.models import KnowledgeBase
 from knowledge.options import chunking_options
 from raglib.analysis import chunk_titles, document_terms
@@ -55,10 +67,9 @@ from raglib.providers.embedding import EmbeddingError, EmbeddingProvider
 
 logger = structlog.get_logger(__name__)
 
+# 作业种类与它在 django-q2 里的任务函数
+INGEST_KIND = "ingest"
 INGEST_TASK_FUNC = "documents.tasks.run_ingestion"
-# 拿不到并发名额时，多久后再来（不计入尝试次数）
-SLOT_RETRY_SECONDS = 10
-SLOT_WAIT_SECONDS = 20.0
 # 每次送去 embedding 的文本数上限（知识条目跨条目合批时用它）
 EMBED_SLICE = 256
 # 心跳（刷新 stage 与 updated_at）在同一阶段里至多每这么多秒写一次库；检查点本身每片都做
@@ -92,26 +103,16 @@ class ItemSuperseded(Exception):
     """排队处理的知识条目在处理期间被再次写入：放弃本次结果，由最新的写入生效。"""
 
 
-class LeaseLost(Exception):
-    """本次尝试的租约已被回收器收回（租约过期时本 worker 联系不上数据库）：别人在接手，放弃本次结果。"""
-
-
-class WorkerStopping(Exception):
-    """worker 收到了停止信号（服务停止、重启）：在检查点放下这次尝试，交还租约，按同一尝试号重新入队。不算失败，
-    也不算 worker 死亡。"""
-
-
 @dataclass
 class Run:
     """一次摄取尝试的上下文。"""
 
     document: Document
     kb: KnowledgeBase
-    attempt: int
     reindex: bool
     deadline: float
-    # 知识条目在请求内同步写入时没有租约（条目自己的行锁串行化写入者）
-    lease: Lease | None = None
+    # 所在的作业尝试；知识条目在请求内同步写入时没有（条目自己的行锁串行化写入者）
+    job: JobRun | None = None
     timings: dict[str, float] = field(default_factory=dict)
     # 本次尝试手上的向量（text_hash → 向量：上次暂存的与这次新算的）；停下来时暂存，下次尝试不重算
     embedded: dict[str, np.ndarray] = field(default_factory=dict)
@@ -133,10 +134,8 @@ class Run:
     def heartbeat(self, stage: str) -> None:
         """检查点：租约已失就立即停手，worker 要停就放下这次尝试（``WorkerStopping``）；再记录当前阶段并刷新
         updated_at（管理后台据此显示进度；同一阶段里至多每 HEARTBEAT_SECONDS 写一次库）。"""
-        if self.lease is not None and self.lease.lost.is_set():
-            raise LeaseLost()
-        if stop_requested():
-            raise WorkerStopping()
+        if self.job is not None:
+            self.job.checkpoint()
         now = time.monotonic()
         if stage == self.beat_stage and now - self.beat_at < HEARTBEAT_SECONDS:
             return
@@ -453,9 +452,9 @@ def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         document = Document.objects.select_for_update().filter(pk=run.document.pk).first()
         if kb.is_deleted or document is None or document.status == Document.Status.DELETED:
             raise DocumentGone()
-        if run.lease is not None and document.lease_owner != run.lease.token:
-            # 提交前的最后一道核对（行已锁住）：租约被收回后，哪怕活儿已经干完也不写
-            raise LeaseLost()
+        if run.job is not None:
+            # 提交前的最后一道核对（作业行锁住）：租约被收回后，哪怕活儿已经干完也不写
+            run.job.hold()
         if document.external_id and document.content_hash != run.document.content_hash:
             # 排队期间条目又被写了一次：这次的结果已过时，交给更新的那次写入
             raise ItemSuperseded()
@@ -469,7 +468,6 @@ def store_step(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         document.error_message = notes_message(parsed.notes)
         document.reindex_status = ""
         document.stage = ""
-        document.next_retry_at = None
         document.finished_at = timezone.now()
         document.save()
     return len(drafts)
@@ -496,103 +494,18 @@ def _classify(stage: str, exc: BaseException) -> IngestionFailure:
     return IngestionFailure(stage, f"Unexpected error ({type(exc).__name__}): {exc}", transient=False)
 
 
-def ingestion_queue(document: Document) -> str | None:
-    """小文件与知识条目走快队列（与清理共用），大文件走主队列（None）：长摄取不会堵住它们。
-    主队列空着的 worker 也会来做快队列里的摄取（infra.broker）；回收、重试、停止后的重新入队都回到这里给出的队列。"""
-    return settings.FAST_QUEUE if document.size_bytes <= settings.FAST_QUEUE_MAX_BYTES else None
+def ingestion_queue(document: Document) -> str:
+    """小文件与知识条目走快队列（与清理共用），大文件走主队列：长摄取不会堵住它们。主队列空着的 worker 也会来做
+    快队列里的摄取（infra.broker）；作业记下这里给出的队列，回收、重试、停止后放回都回到它。"""
+    if document.size_bytes <= settings.FAST_QUEUE_MAX_BYTES:
+        return str(settings.FAST_QUEUE)
+    return str(settings.Q_CLUSTER["name"])
 
 
-def _set_aside(run: Run) -> None:
-    """停止信号打断了这次尝试（租约仍在手里）：暂存已算好的向量，清掉阶段，重新索引退回排队状态。
-
-    文档行保持 processing 与同一个尝试号：重新入队由 ``ingest_document`` 在交还租约之后做。
-    """
-    vectors_stash(document=run.document, vectors=run.embedded)
-    fields: dict[str, Any] = {"stage": "", "updated_at": timezone.now()}
-    if run.reindex:
-        # 排队等下一次执行：回收器的“等太久没人开始”也照看 queued 的重新索引
-        fields["reindex_status"] = Document.Reindex.QUEUED
-    rows = run.lease.rows() if run.lease is not None else Document.objects.filter(pk=run.document.pk)
-    rows.update(**fields)
-
-
-def _fail_or_retry(run: Run, failure: IngestionFailure) -> None:
-    # 失败多半发生在数据库断开之后：手里的连接已经死了，先换一条能用的再记录
-    database_ready()
-    attempt, reindex = run.attempt, run.reindex
-    with transaction.atomic():
-        document = Document.objects.select_for_update().filter(pk=run.document.pk).first()
-        if document is None or document.status == Document.Status.DELETED:
-            vectors_discard(document=run.document)
-            return
-        if run.lease is not None and document.lease_owner != run.lease.token:
-            logger.info("ingest_failure_not_recorded_lease_lost", stage=failure.stage)
-            return
-        words = f"{STAGE_WORDS.get(failure.stage, failure.stage)} failed: {failure.message}"
-        if failure.transient and attempt <= settings.INGEST_MAX_RETRIES:
-            delay = backoff_seconds(settings.INGEST_RETRY_BASE_SECONDS, attempt)
-            document.next_retry_at = schedule_task(
-                INGEST_TASK_FUNC, str(document.id), attempt=attempt + 1, delay_seconds=delay,
-                request_id=document.request_id, label="ingest-retry", queue=ingestion_queue(document))
-            document.error_message = f"{words} (attempt {attempt}; retrying in {delay} s)"[:4000]
-            document.stage = ""
-            document.save(update_fields=["next_retry_at", "error_message", "stage", "updated_at"])
-            metrics.INGEST_RETRIES.inc()
-            logger.warning("ingest_retry_scheduled", stage=failure.stage, error=failure.message, delay_s=delay)
-            return
-        if failure.transient:
-            words += f" (gave up after {attempt} attempts)"
-        if reindex:
-            # 重新索引失败：旧分块保持可检索，文档仍是 completed
-            words = f"Re-indexing failed; the previous chunks are still served. {words}"
-            document.reindex_status = Document.Reindex.FAILED
-        else:
-            document.status = Document.Status.FAILED
-        document.error_message = words[:4000]
-        document.stage = ""
-        document.next_retry_at = None
-        document.finished_at = timezone.now()
-        document.save()
-    vectors_discard(document=run.document)
-    metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
-    logger.error("ingest_failed", stage=failure.stage, error=failure.message, reindex=reindex)
-
-
-def _begin(document_id: Any, attempt: int, lease: Lease) -> Run | None:
-    """判定这次投递是否该执行，并把文档标记为运行中。"""
-    document = Document.objects.select_related("knowledge_base").filter(pk=document_id).first()
-    if document is None:
-        return None
-    reindex = document.status == Document.Status.COMPLETED and document.reindex_status in (
-        Document.Reindex.QUEUED, Document.Reindex.RUNNING)
-    if document.status != Document.Status.PROCESSING and not reindex:
-        logger.info("ingest_skipped_finished", status=document.status)
-        return None
-    if attempt < document.attempts:
-        logger.info("ingest_skipped_stale_attempt", current_attempt=document.attempts)
-        return None
-    document.attempts = attempt
-    document.next_retry_at = None
-    if reindex:
-        document.reindex_status = Document.Reindex.RUNNING
-    document.save(update_fields=["attempts", "next_retry_at", "reindex_status", "updated_at"])
-    return Run(document=document, kb=document.knowledge_base, attempt=attempt, reindex=reindex,
-               deadline=time.monotonic() + settings.INGEST_TIMEOUT, lease=lease)
-
-
-def _requeue_superseded(run: Run) -> None:
-    """新的写入若仍在排队，它的任务可能因本次持锁而被跳过：提交后再排一次，保证最新内容终会入库。"""
-    document = Document.objects.filter(pk=run.document.pk).first()
-    logger.info("ingest_abandoned_item_superseded")
-    if document is None:
-        return
-    Document.objects.filter(pk=document.pk).update(stage="")
-    pending = document.status == Document.Status.PROCESSING or document.reindex_status in (
-        Document.Reindex.QUEUED, Document.Reindex.RUNNING)
-    if pending:
-        schedule_task(INGEST_TASK_FUNC, str(document.id), attempt=document.attempts + 1,
-                      delay_seconds=SLOT_RETRY_SECONDS, request_id=document.request_id, label="ingest-superseded",
-                      queue=ingestion_queue(document))
+def ingestion_submit(document: Document, *, push: bool = True) -> Job:
+    """为文档登记一次摄取（或重新索引）作业；须在锁住文档行的事务里调用（见 ``jobs.runner.submit``）。"""
+    return submit(INGEST_KIND, document.pk, queue=ingestion_queue(document),
+                  knowledge_base_id=document.knowledge_base_id, push=push)
 
 
 @dataclass
@@ -632,7 +545,29 @@ STEPS: tuple[tuple[str, Callable[[Run, Work], None]], ...] = (
 )
 
 
-def _execute(run: Run) -> None:
+def _begin(job: JobRun) -> Run | None:
+    """判定这次尝试有没有事可做（文档还在处理中或在等重新索引），并把重新索引标记为运行中。"""
+    document = Document.objects.select_related("knowledge_base").filter(pk=job.job.target_id).first()
+    if document is None or document.status == Document.Status.DELETED:
+        raise JobCancelled()
+    reindex = document.status == Document.Status.COMPLETED and document.reindex_status in (
+        Document.Reindex.QUEUED, Document.Reindex.RUNNING)
+    if document.status != Document.Status.PROCESSING and not reindex:
+        logger.info("ingest_skipped_finished", status=document.status)
+        return None
+    if reindex:
+        document.reindex_status = Document.Reindex.RUNNING
+        document.save(update_fields=["reindex_status", "updated_at"])
+    return Run(document=document, kb=document.knowledge_base, reindex=reindex,
+               deadline=time.monotonic() + settings.INGEST_TIMEOUT, job=job)
+
+
+def execute(job: JobRun) -> None:
+    """作业的一次尝试（``jobs.runner`` 调用）：按 :data:`STEPS` 一步一步做。失败翻译成 ``JobFailed``（暂时性的由执行器
+    退避重试）；只差入库一步的暂时性失败、worker 停止时，已算好的向量暂存下来，下次尝试不重算。"""
+    run = _begin(job)
+    if run is None:
+        return
     stage = STEPS[0][0]
     work: Work | None = None
     try:
@@ -641,21 +576,19 @@ def _execute(run: Run) -> None:
         work = Work(provider=embedder(run.kb.embedding_provider, run.kb.embedding_model))
         for stage, step in STEPS:  # noqa: B007 - 出错时 except 里按 stage 判断是哪一步
             step(run, work)
-    except DocumentGone:
+    except DocumentGone as exc:
         Document.objects.filter(pk=run.document.pk).update(stage="")
         vectors_discard(document=run.document)
-        logger.info("ingest_abandoned_document_gone")
-        return
+        raise JobCancelled() from exc
     except ItemSuperseded:
-        _requeue_superseded(run)
-        return
-    except LeaseLost:
-        # 行上的 stage 等字段归接手的执行者管，这里什么都不写
-        logger.warning("ingest_abandoned_lease_lost", stage=stage)
+        # 新的写入在排队期间到达：它已把本作业标记为做完再做一次（jobs.runner.submit），这次的结果作废
+        logger.info("ingest_abandoned_item_superseded")
         return
     except WorkerStopping:
-        _set_aside(run)
+        vectors_stash(document=run.document, vectors=run.embedded)
         logger.info("ingest_set_aside_worker_stopping", stage=stage, vectors_kept=len(run.embedded))
+        raise
+    except LeaseLost:
         raise
     except Exception as exc:
         failure = _classify(stage, exc)
@@ -663,8 +596,8 @@ def _execute(run: Run) -> None:
             vectors_stash(document=run.document, vectors={
                 text_hash(embedding_input(draft)): vector
                 for draft, vector in zip(work.drafts, work.vectors, strict=True) if vector is not None})
-        _fail_or_retry(run, failure)
-        return
+        words = f"{STAGE_WORDS.get(failure.stage, failure.stage)} failed: {failure.message}"
+        raise JobFailed(words, transient=failure.transient) from exc
     vectors_discard(document=run.document)
     # store 阶段自身的耗时要等事务提交后才知道，单独补写
     Document.objects.filter(pk=run.document.pk).update(stage_timings=run.timings_ms())
@@ -673,68 +606,56 @@ def _execute(run: Run) -> None:
                 notes=len(work.parsed.notes) if work.parsed is not None else 0, timings_ms=run.timings_ms())
 
 
-def _run_attempt(document_id: Any, attempt: int, lease: Lease) -> None:
-    run = _begin(document_id, attempt, lease)
-    if run is not None:
-        _execute(run)
+def record_failure(job: Job, failure: Failure, retry_in: int | None) -> None:
+    """把失败写到文档上：要重试的只写说明；不再重试的，新文档置为 failed，重新索引置为 failed（旧分块照常可检索）。"""
+    with transaction.atomic():
+        document = Document.objects.select_for_update().filter(pk=job.target_id).first()
+        if document is None or document.status == Document.Status.DELETED:
+            # 文档已删除：暂存文件随文件目录一起删掉，这里没有要告诉谁的
+            return
+        if failure.deaths:
+            words = (f"The worker processing this document stopped unexpectedly {failure.deaths} times (last during "
+                     f"'{document.stage}'); the file is not processed again so that it cannot bring down more workers"
+                     if failure.deaths >= MAX_WORKER_DEATHS else
+                     f"The worker processing this document stopped unexpectedly during '{document.stage}' "
+                     f"({job.attempt} attempts); giving up")
+        else:
+            words = failure.message + attempt_words(job, failure, retry_in)
+        document.stage = ""
+        if retry_in is not None:
+            document.error_message = words[:4000]
+            document.save(update_fields=["error_message", "stage", "updated_at"])
+            return
+        if document.status == Document.Status.COMPLETED:
+            # 重新索引失败：旧分块保持可检索，文档仍是 completed
+            words = f"Re-indexing failed; the previous chunks are still served. {words}"
+            document.reindex_status = Document.Reindex.FAILED
+        else:
+            document.status = Document.Status.FAILED
+        document.error_message = words[:4000]
+        document.finished_at = timezone.now()
+        document.save()
+    vectors_discard(document=document)
+    metrics.DOCUMENT_INGESTION.labels(status="failed").inc()
+    logger.error("ingest_failed", error=words, worker_deaths=failure.deaths)
 
 
-def _requeue_after_stop(document: Document, attempt: int, queue: str | None) -> None:
-    """worker 在停止：这次尝试原样（同一个尝试号，同一个队列）放回队列，服务再起来时接着做。
-
-    只在租约已经交还之后调用：别的 worker 先拿到这条消息时不会因为租约还在而跳过它（跳过就丢了）。
-    交还与入队之间 worker 被 SIGKILL 的话，文档没有租约也没有阶段，回收器的“等太久没人开始”会把它再入队。
-    """
-    enqueue(INGEST_TASK_FUNC, str(document.id), attempt=attempt, cluster=queue)
-    logger.info("ingest_requeued_worker_stopping", queue=queue or settings.Q_CLUSTER["name"], attempt=attempt)
+def put_back(job: Job) -> None:
+    """作业回到队列（worker 停止或死亡、做完再做一次）：清掉阶段，运行中的重新索引退回排队。"""
+    Document.objects.filter(pk=job.target_id).update(stage="", updated_at=timezone.now())
+    Document.objects.filter(pk=job.target_id, reindex_status=Document.Reindex.RUNNING).update(
+        reindex_status=Document.Reindex.QUEUED)
 
 
-def ingest_document(*, document_id: Any, attempt: int) -> None:
-    """执行（或跳过）一次摄取尝试。重复投递、过期尝试、已删除的文档、别人持有租约的文档都会被安全忽略；
-    worker 在停止时，这次尝试在检查点停下，交还租约后原样重新入队。"""
-    document = Document.objects.filter(pk=document_id).first()
-    if document is None:
-        return
-    queue = ingestion_queue(document)
-    if stop_requested():
-        # 停止途中才交到手上的任务：不开始，原样放回自己的队列
-        _requeue_after_stop(document, attempt, queue)
-        return
-    try:
-        started = _attempt_under_lease(document_id, attempt, queue)
-    except WorkerStopping:
-        # 走到这里时 row_lease 已经交还了租约
-        _requeue_after_stop(document, attempt, queue)
-        return
-    if not started:
-        # 并发名额已满：稍后再来，不占着 worker 干等
-        logger.info("ingest_deferred_no_slot", retry_in_s=SLOT_RETRY_SECONDS)
-        schedule_task(INGEST_TASK_FUNC, str(document_id), attempt=attempt, delay_seconds=SLOT_RETRY_SECONDS,
-                      request_id=document.request_id, label="ingest-slot", queue=queue)
+def _concurrency(job: Job) -> int | None:
+    # 主队列全局最多 RAG_INGEST_CONCURRENCY 个文档并行；快队列的并行度就是它的 worker 数
+    # （加上空闲时来帮忙的主队列 worker）
+    return settings.INGEST_CONCURRENCY if job.queue != settings.FAST_QUEUE else None
 
 
-def _attempt_under_lease(document_id: Any, attempt: int, queue: str | None) -> bool:
-    """取得文档的租约（与主队列的并发名额）后执行这次尝试；返回 False 表示并发名额已满、没有开始。
-    别人持有租约时直接返回 True（那边在做）。``WorkerStopping`` 在交还租约之后才传出去。"""
-    # 续期线程用自己的连接，看不到调用方事务里未提交的行：在调用方事务里同步执行时不开它
-    with row_lease(Document, document_id, ttl=settings.TASK_LEASE_SECONDS,
-                   renew_in_background=not connection.in_atomic_block) as lease:
-        if lease is None:
-            logger.info("ingest_skipped_busy")
-            return True
-        if queue == settings.FAST_QUEUE:
-            # 快队列的任务不占主队列的并发名额：它的并行度是快队列的 worker 数（加上空闲时来帮忙的主队列 worker）
-            _run_attempt(document_id, attempt, lease)
-            return True
-        slots = [f"ingest-slot:{i}" for i in range(settings.INGEST_CONCURRENCY)]
-        waited_until = time.monotonic() + SLOT_WAIT_SECONDS
-        while True:
-            with any_advisory_lock(slots) as slot:
-                if slot is not None:
-                    _run_attempt(document_id, attempt, lease)
-                    return True
-            if time.monotonic() > waited_until:
-                return False
-            if stop_requested():
-                raise WorkerStopping()
-            time.sleep(0.5)
+# 由 AppConfig.ready 登记到作业执行器（jobs.runner.register）
+INGEST_JOB = JobKind(
+    name=INGEST_KIND, func=INGEST_TASK_FUNC, execute=execute, record_failure=record_failure, put_back=put_back,
+    max_retries=lambda: settings.INGEST_MAX_RETRIES, retry_base_seconds=lambda: settings.INGEST_RETRY_BASE_SECONDS,
+    concurrency=_concurrency,
+)

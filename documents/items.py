@@ -28,11 +28,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from documents.ingestion import (
-    INGEST_TASK_FUNC,
     Run,
     copy_chunks,
     embed_drafts,
-    ingestion_queue,
+    ingestion_submit,
     item_parsed,
     lock_knowledge_base_for_write,
     reusable_vectors,
@@ -40,7 +39,7 @@ from documents.ingestion import (
 from documents.models import Document
 from documents.selectors import item_not_found
 from infra import metrics
-from infra.context import current_request_id, enqueue
+from infra.context import current_request_id
 from infra.embedders import embedder
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 from knowledge.models import KnowledgeBase
@@ -159,8 +158,6 @@ def _apply(document: Document, item: ItemInput, digest: str, options: ChunkingOp
     document.request_id = current_request_id() or ""
     document.error_message = ""
     document.stage = ""
-    document.attempts = 0
-    document.next_retry_at = None
 
 
 def _store(kb: KnowledgeBase, prepared: _Prepared, vectors: Sequence[Any], options: ChunkingOptions) -> ItemResult:
@@ -180,7 +177,7 @@ def _store(kb: KnowledgeBase, prepared: _Prepared, vectors: Sequence[Any], optio
         document.chunk_count = len(prepared.drafts)
         document.finished_at = timezone.now()
         document.save()
-        run = Run(document=document, kb=kb, attempt=1, reindex=False, deadline=math.inf)
+        run = Run(document=document, kb=kb, reindex=False, deadline=math.inf)
         copy_chunks(run, item_parsed(item.content), prepared.drafts, vectors)
     logger.info("item_stored", external_id=item.external_id, result=result, chunks=len(prepared.drafts))
     return ItemResult(item.external_id, result, document)
@@ -201,7 +198,7 @@ def _enqueue(kb: KnowledgeBase, prepared: _Prepared, options: ChunkingOptions) -
             document.status = Document.Status.PROCESSING
         _apply(document, item, prepared.digest, options)
         document.save()
-        enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1, cluster=ingestion_queue(document))
+        ingestion_submit(document)
     logger.info("item_queued", external_id=item.external_id, chunks=len(prepared.drafts))
     return ItemResult(item.external_id, "queued", document)
 

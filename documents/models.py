@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.db.models.functions import Cast
 from pgvector.django import HnswIndex, VectorField
 
+from jobs.models import JobTarget
 from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
 
 HNSW_M = 16
@@ -34,8 +35,11 @@ def hnsw_index(dim: int) -> HnswIndex:
     )
 
 
-class Document(models.Model):
-    """上传到知识库的一份文档；``deleted`` 是墓碑状态，用来区分“已删除”与“从未存在”。"""
+class Document(JobTarget, models.Model):
+    """上传到知识库的一份文档；``deleted`` 是墓碑状态，用来区分“已删除”与“从未存在”。
+
+    处理它的工作（摄取、重新索引）是另一张表里的作业（``jobs.Job``）：尝试次数、租约、重试时间都在那里。
+    """
 
     class Status(models.TextChoices):
         PROCESSING = "processing", "处理中"
@@ -68,17 +72,8 @@ class Document(models.Model):
     ocr_skipped = models.BooleanField("OCR 被跳过", default=False)
     ocr_engine = models.CharField("OCR 引擎", max_length=32, blank=True, default="")
     stage_timings = models.JSONField("各阶段耗时（毫秒）", default=dict, blank=True)
-    # 正在执行的阶段（parse/chunk/embed/store）；空表示没有 worker 在处理（排队中或已结束）
+    # 正在执行的阶段（parse/chunk/embed/store），给用户看的进度；空表示没有 worker 在处理（排队中或已结束）
     stage = models.CharField("当前阶段", max_length=16, blank=True, default="")
-    attempts = models.PositiveSmallIntegerField("本轮尝试次数", default=0)
-    next_retry_at = models.DateTimeField("下次自动重试", null=True, blank=True)
-    # 执行者的租约（见 infra.locks.row_lease）：数据库重启会释放 advisory lock，租约却留在行里，
-    # 提交时核对令牌，同一文档因此不会被两个 worker 同时处理、先后提交
-    # db_default：滚动升级时还没换代码的进程插入文档不带这些列，数据库自己补上
-    lease_owner = models.CharField("租约持有者", max_length=64, blank=True, db_default="")
-    lease_expires_at = models.DateTimeField("租约到期", null=True, blank=True)
-    # 租约过期（执行它的 worker 被杀、OOM）的次数：两次即判定文件本身有害，直接失败，不再反复重跑
-    worker_deaths = models.PositiveSmallIntegerField("worker 意外退出次数", db_default=0)
     # 重新索引期间文档保持 completed、旧分块照常可检索，新分块提交时原子替换
     reindex_status = models.CharField("重新索引", max_length=16, choices=Reindex.choices, blank=True, default="")
     request_id = models.CharField("发起请求 ID", max_length=64, blank=True, default="")

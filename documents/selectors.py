@@ -11,6 +11,7 @@ from documents.filters import SearchFilters
 from documents.models import Document
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail, not_found
 from infra.principal import Principal, authorize_knowledge_base
+from jobs.runner import latest_jobs
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import knowledge_base_fetch, parse_uuid
 
@@ -49,7 +50,12 @@ def document_list(
         queryset = queryset.filter(status__in=list(statuses))
     total = queryset.count()
     offset = (page - 1) * page_size
-    return kb, list(queryset.order_by("-created_at", "id")[offset : offset + page_size]), total
+    documents = list(queryset.order_by("-created_at", "id")[offset : offset + page_size])
+    # 每行的尝试次数、下次重试来自它最近的作业：一条查询取齐，不逐行查
+    jobs = latest_jobs(document.pk for document in documents)
+    for document in documents:
+        document.job = jobs.get(document.pk)
+    return kb, documents, total
 
 
 def item_get(*, kb: KnowledgeBase, external_id: str) -> Document:

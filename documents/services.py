@@ -13,11 +13,11 @@ import structlog
 from django.conf import settings
 from django.db import transaction
 
-from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
+from documents.ingestion import ingestion_submit
 from documents.models import Document
 from documents.selectors import document_fetch
 from documents.uploads import upload_filename
-from infra.context import current_request_id, enqueue
+from infra.context import current_request_id
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 from infra.principal import Principal, authorize_knowledge_base
 from knowledge.models import KnowledgeBase
@@ -110,7 +110,7 @@ def document_upload(
                 format=file_format, size_bytes=size, sha256=sha256, stored_path=str(relative),
                 chunking=options_dict(options) if chunking else {}, request_id=current_request_id() or "",
             )
-            enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1, cluster=ingestion_queue(document))
+            ingestion_submit(document)
     except BaseException:
         absolute.unlink(missing_ok=True)
         raise
@@ -170,13 +170,9 @@ def document_reindex(*, principal: Principal, document_id: str | uuid.UUID, queu
         document.error_message = ""
     else:
         document.reindex_status = Document.Reindex.QUEUED
-    document.attempts = 0
-    # 人工重新索引开始新的一轮：上一轮弄死 worker 的次数不带过来
-    document.worker_deaths = 0
-    document.next_retry_at = None
     document.request_id = current_request_id() or document.request_id
     document.save()
-    if queue:
-        enqueue(INGEST_TASK_FUNC, str(document.id), attempt=1, cluster=ingestion_queue(document))
+    # 人工重新索引开始新的一轮：新的作业，尝试次数与上一轮弄死 worker 的次数都不带过来
+    document.job = ingestion_submit(document, push=queue)
     logger.info("document_reindex_requested", document_id=str(document.id))
     return document

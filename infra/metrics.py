@@ -40,7 +40,6 @@ INGEST_STAGE_SECONDS = Histogram(
     "ingestion_stage_duration_seconds", "文档摄取各阶段耗时（秒）", ["stage"],
     buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0),
 )
-INGEST_RETRIES = Counter("ingestion_retries_total", "文档摄取因暂时性失败而自动重试的次数")
 ITEM_WRITES = Counter("knowledge_item_writes_total", "知识条目写入结果计数（created/updated/unchanged/queued/failed）",
                       ["result"])
 ITEM_CHUNKS = Counter("knowledge_item_chunks_total", "知识条目写入时重新 embedding 与复用旧向量的分块数", ["kind"])
@@ -56,8 +55,9 @@ SEARCH_DEGRADED = Counter(
 )
 QUERY_EMBEDDING_CACHE = Counter("query_embedding_cache_requests_total", "查询向量缓存查找次数", ["result"])
 CLEANUP_TASKS = Counter("cleanup_tasks_total", "知识库清理任务结束计数", ["status"])
-CLEANUP_RETRIES = Counter("cleanup_task_retries_total", "清理任务自动重试次数")
-STALE_TASKS_REQUEUED = Counter("stale_tasks_requeued_total", "孤儿任务被重新入队的次数", ["kind"])
+JOB_RETRIES = Counter("job_retries_total", "后台作业因暂时性失败而自动重试的次数（ingest、cleanup）", ["kind"])
+STALE_TASKS_REQUEUED = Counter("stale_tasks_requeued_total", "worker 死掉或消息丢失后被回收器重新交给队列的作业数",
+                                ["kind"])
 REPLICA_FALLBACKS = Counter("database_replica_fallbacks_total", "只读副本连不上、检索退回主库的次数")
 
 # 预先创建标签组合，使从未发生过的结果也以 0 出现，PromQL 的 rate() 不会缺数据

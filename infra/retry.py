@@ -1,15 +1,11 @@
-"""后台任务的延迟重试：django-q2 没有按任务的退避，这里用一次性 Schedule 安排下一次尝试。
-另有任务开始前、记录失败前的数据库重连：数据库重启后 worker 手里的连接全是死的。"""
+"""后台任务的退避时长，以及任务开始前、记录失败前的数据库重连：数据库重启后 worker 手里的连接全是死的。"""
 
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
-from typing import Any
 
 import structlog
 from django.db import DatabaseError, close_old_connections, connection
-from django.utils import timezone
 
 logger = structlog.get_logger(__name__)
 
@@ -47,28 +43,3 @@ def database_ready(*, wait_seconds: float = DATABASE_WAIT_SECONDS) -> None:
             logger.warning("database_unreachable_waiting", retry_in_s=pause)
             time.sleep(pause)
             pause = min(pause * 2, 8.0)
-
-
-def schedule_task(func: str, object_id: str, *, attempt: int, delay_seconds: float, request_id: str,
-                  label: str, queue: str | None = None, timeout: int | None = None) -> datetime:
-    """安排 ``func(object_id, attempt=attempt, request_id=...)`` 在 delay 秒后执行（放进 queue 对应的
-    django-q2 集群，默认主队列），返回执行时间。``timeout`` 是这次执行的秒数上限（默认集群的 ``timeout``），
-    按 django-q2 的约定放在 kwargs 的 ``q_options`` 里，调度器入队时取出，不会传给 func。"""
-    # django_q 的模型只能在应用注册表就绪之后导入，而管道层更早就会被导入：在调用时导入
-    from django_q.models import Schedule
-
-    kwargs: dict[str, Any] = {"attempt": attempt, "request_id": request_id}
-    if timeout is not None:
-        kwargs["q_options"] = {"timeout": timeout}
-    next_run = timezone.now() + timedelta(seconds=delay_seconds)
-    Schedule.objects.create(
-        name=f"{label}:{object_id}:{attempt}:{next_run.timestamp():.0f}",
-        func=func,
-        args=repr((object_id,)),
-        kwargs=repr(kwargs),
-        schedule_type=Schedule.ONCE,
-        repeats=-1,
-        next_run=next_run,
-        cluster=queue,
-    )
-    return next_run

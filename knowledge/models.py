@@ -8,6 +8,8 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
+from jobs.models import JobTarget
+
 # 知识库可选的向量维度：分块表（documents.DocumentChunk）为每个维度各有一列与 HNSW 索引，新增维度需要一个新的迁移
 SUPPORTED_DIMENSIONS = (384, 768, 1024)
 
@@ -81,8 +83,8 @@ class KnowledgeBase(models.Model):
         return self.status == self.Status.ENABLED
 
 
-class CleanupTask(models.Model):
-    """删除知识库后的异步级联清理；这一行是任务的事实记录。
+class CleanupTask(JobTarget, models.Model):
+    """删除知识库后的异步级联清理；这一行是清理进度的事实记录，执行它的是一个作业（``jobs.Job``，种类 cleanup）。
 
     不变式：``pending`` 时 processed == 0；``completed`` 时 total 非空且 processed == total。
     processed 与被删除的行在同一事务里累加，因此 worker 中途被杀再续跑不会重复计数。
@@ -101,9 +103,7 @@ class CleanupTask(models.Model):
     status = models.CharField("状态", max_length=16, choices=Status.choices, default=Status.PENDING)
     processed = models.PositiveBigIntegerField("已清理数", default=0)
     total = models.PositiveBigIntegerField("总数", null=True, blank=True)
-    attempts = models.PositiveSmallIntegerField("本轮已尝试次数", default=0)
     error_message = models.TextField("错误信息", blank=True, default="")
-    next_retry_at = models.DateTimeField("下次自动重试", null=True, blank=True)
     request_id = models.CharField("发起请求 ID", max_length=64, blank=True, default="")
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
     updated_at = models.DateTimeField("更新时间", auto_now=True)

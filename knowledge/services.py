@@ -10,10 +10,12 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from infra.context import current_request_id, enqueue
+from infra.context import current_request_id
 from infra.embedders import ModelUnavailableError, default_model, embedding_dimension
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail
 from infra.principal import Principal, authorize_global_write, authorize_knowledge_base
+from jobs.models import Job
+from jobs.runner import submit
 from knowledge.models import SUPPORTED_DIMENSIONS, CleanupTask, KnowledgeBase
 from knowledge.options import ITEM_CHUNKING_DEFAULTS, chunking_options, options_dict
 from knowledge.selectors import cleanup_task_not_found, knowledge_base_fetch, parse_uuid
@@ -22,13 +24,14 @@ logger = structlog.get_logger(__name__)
 
 _NAME_CONSTRAINT = "knowledge_bases_name_uniq_active"
 
-# 清理由任务层执行（``ops.cleanup``，它要删各应用的行）；这里按名字入队，不导入上层
+# 清理由任务层执行（``ops.cleanup`` 登记这种作业，它要删各应用的行）；这里只按种类名登记作业，不导入上层
+CLEANUP_KIND = "cleanup"
 CLEANUP_TASK_FUNC = "ops.tasks.run_cleanup"
 
 
-def cleanup_q_options() -> dict[str, Any]:
-    """清理任务入队的 django-q2 选项：走快队列，按维护任务的上限计时（入队、自动重试、回收器重新入队共用）。"""
-    return {"cluster": settings.FAST_QUEUE, "timeout": settings.MAINTENANCE_TIMEOUT}
+def cleanup_submit(task: CleanupTask) -> Job:
+    """为清理任务登记作业：走快队列（不排在长摄取后面）；须在锁住知识库的事务里调用。"""
+    return submit(CLEANUP_KIND, task.pk, queue=settings.FAST_QUEUE, knowledge_base_id=task.knowledge_base_id)
 
 
 def _name_conflict(name: str) -> ApplicationError:
@@ -150,7 +153,7 @@ def knowledge_base_delete(*, principal: Principal, kb_id: str | uuid.UUID) -> Cl
     kb.deleted_at = timezone.now()
     kb.save(update_fields=["status", "deleted_at", "updated_at"])
     task = CleanupTask.objects.create(knowledge_base=kb, request_id=current_request_id() or "")
-    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, **cleanup_q_options())
+    cleanup_submit(task)
     logger.info("knowledge_base_deleted", knowledge_base_id=str(kb.id), cleanup_task_id=str(task.id))
     return task
 
@@ -173,13 +176,12 @@ def cleanup_task_retry(*, principal: Principal, task_id: str | uuid.UUID) -> Cle
     task.status = CleanupTask.Status.PENDING
     task.processed = 0
     task.total = None
-    task.attempts = 0
     task.error_message = ""
-    task.next_retry_at = None
     task.started_at = None
     task.finished_at = None
     task.request_id = current_request_id() or task.request_id
     task.save()
-    enqueue(CLEANUP_TASK_FUNC, str(task.id), attempt=1, **cleanup_q_options())
+    # 新的一轮：新的作业，尝试次数与 worker 死亡次数从零算起
+    cleanup_submit(task)
     logger.info("cleanup_task_retried", cleanup_task_id=str(task.id))
     return task

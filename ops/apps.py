@@ -17,11 +17,14 @@ class OpsConfig(AppConfig):
         from infra import schema  # noqa: F401
         from infra.errors import log_request_exception
         from infra.workers import on_task_finished, on_task_started, on_worker_ready, on_worker_spawn
+        from jobs.runner import register
+        from ops.cleanup import CLEANUP_JOB
         from ops.tasks import maintenance_schedule_refresh
         from ops.warmup import warm_worker
 
         # Django 层的未处理异常（非 DRF 视图、其他中间件）都会发出该信号，在这里统一记录堆栈；
         # DRF 视图的异常由 exception_handler 自行记录，不会走到这里
+        register(CLEANUP_JOB)
         got_request_exception.connect(log_request_exception, dispatch_uid="ragservice.log_request_exception")
         # django-q2 的每个 worker 子进程启动时：先装上停止信号的处理（预热的二十秒里到达的停止也不会丢），
         # 再加载模型与 OCR 引擎（见 ops.warmup），加载完才在忙闲表上标为空闲（见 infra.workers；接收者按连接顺序调用）

@@ -3,12 +3,12 @@
 设计要点：
 - 幂等、可续跑：每批删除与 processed 的累加在同一个事务里提交，worker 在任何时刻被杀，
   已提交的批次与计数一致，未提交的批次整体回滚，续跑时从剩余行继续，不会重复计数。
-- 单执行者：以知识库 id 为键的 advisory lock，保证重投递/重试/回收不会让同一个知识库的清理并发执行
-  （一个知识库只会有一条清理任务，锁仍按知识库取：互斥的是对同一批行的删除，不依赖这个一对一）。
-- 超时：清理 1M 分块的库约一小时，按 ``RAG_MAINTENANCE_TIMEOUT`` 而不是 ``RAG_TASK_TIMEOUT`` 计时
-  （:func:`cleanup_q_options`）；超过 ORM 代理 ``retry`` 的那份重投递拿不到锁，立即返回。
-- 自动重试：失败后按 base·2^(n-1)（默认 1/2/4 分钟）用 django-q2 的一次性 Schedule
-  安排下一次尝试；用尽重试次数后置为 failed，等待人工重试。
+- 清理是一种后台作业（``jobs``，种类 ``cleanup``）：单执行者靠作业的租约（重投递、重试、回收都不会让同一个
+  知识库的清理并发执行，数据库重启也不会），worker 死了由回收器放回快队列，优雅停止在批与批之间放下。
+- 超时：清理 1M 分块的库约一小时，按 ``RAG_MAINTENANCE_TIMEOUT`` 而不是 ``RAG_TASK_TIMEOUT`` 计时；
+  超过 ORM 代理 ``retry`` 的那份重投递看到作业已在运行，立即返回。
+- 自动重试：失败后按 base·2^(n-1)（默认 1/2/4 分钟）退避重试（作业执行器安排）；用尽重试次数后置为 failed，
+  等待人工重试。
 - 原始文件：行删完后删除 ``RAG_DATA_DIR/files/<kb>``；删不掉就是一次失败（照常重试），文件还在时绝不报告完成。
   这个目录是符号链接时只删链接目标里本服务写下的文件，不跟着链接整棵删除（见 :func:`files_remove`）。
 """
@@ -31,10 +31,19 @@ from documents.models import Document
 from documents.storage import knowledge_base_files_dir, owned_file_document
 from infra import metrics
 from infra.errors import is_database_unavailable
-from infra.locks import advisory_lock
-from infra.retry import backoff_seconds, database_ready, schedule_task
+from jobs.models import Job
+from jobs.runner import (
+    Failure,
+    JobCancelled,
+    JobFailed,
+    JobKind,
+    JobRun,
+    LeaseLost,
+    WorkerStopping,
+    attempt_words,
+)
 from knowledge.models import CleanupTask
-from knowledge.services import CLEANUP_TASK_FUNC, cleanup_q_options
+from knowledge.services import CLEANUP_KIND, CLEANUP_TASK_FUNC
 from search import segments
 
 logger = structlog.get_logger(__name__)
@@ -50,11 +59,6 @@ _DELETE_DOCUMENTS_SQL = """
          docs AS (DELETE FROM documents WHERE id IN (SELECT id FROM doomed) RETURNING 1)
     SELECT (SELECT count(*) FROM chunks) + (SELECT count(*) FROM docs)
 """
-
-
-def lock_key(kb_id: uuid.UUID) -> str:
-    """清理一个知识库的 advisory lock 键（``infra.locks``）；回收器用同一个键判断有没有活着的执行者。"""
-    return f"cleanup:{kb_id}"
 
 
 def _remaining(kb_id: uuid.UUID) -> int:
@@ -142,7 +146,7 @@ def files_remove(kb_id: uuid.UUID) -> None:
         raise FilesRemain(f"{relative} in RAG_DATA_DIR still exists after deleting it")
 
 
-def _execute(task: CleanupTask) -> None:
+def _execute(task: CleanupTask, job: JobRun) -> None:
     kb_id = task.knowledge_base_id
     if task.total is None:
         task.total = _remaining(kb_id)
@@ -152,6 +156,8 @@ def _execute(task: CleanupTask) -> None:
     segments.drop(kb_id)
     pause = settings.CLEANUP_BATCH_PAUSE_MS / 1000
     while True:
+        # 检查点：每批都是一个事务、可续跑，worker 要停就在批与批之间放下（作业原样回到队列，不算 worker 死亡）
+        job.checkpoint()
         with transaction.atomic():
             deleted = delete_batch(kb_id, settings.CLEANUP_BATCH_SIZE)
             if deleted:
@@ -166,6 +172,9 @@ def _execute(task: CleanupTask) -> None:
     # 清理期间才提交的摄取会重新建起统计行（它的分块已在上面删掉）：再清一次，不留下计数为 0 的统计
     segments.drop(kb_id)
     files_remove(kb_id)
+    # 知识库的文档都删了，它们的作业记录也不再有人看；本清理作业自己留着（它还没结束）。还在队列里的摄取作业
+    # 一并删掉：它的消息到了 worker 那里找不到作业，直接跳过
+    Job.objects.filter(knowledge_base_id=kb_id).exclude(pk=job.job.pk).delete()
     with transaction.atomic():
         task = CleanupTask.objects.select_for_update().get(pk=task.pk)
         if task.total != task.processed:
@@ -174,69 +183,53 @@ def _execute(task: CleanupTask) -> None:
         task.total = task.processed
         task.status = CleanupTask.Status.COMPLETED
         task.error_message = ""
-        task.next_retry_at = None
         task.finished_at = timezone.now()
         task.save()
     metrics.CLEANUP_TASKS.labels(status="completed").inc()
     logger.info("cleanup_completed", processed=task.processed)
 
 
-def _handle_failure(task_id: uuid.UUID, attempt: int, exc: Exception) -> None:
-    """记录失败；还有重试额度则安排下一次，否则置为 failed。"""
-    # 驱动报错原文（主机、socket 路径）不进 error_message，它会出现在 API 响应里；原文见日志
-    reason = "the database connection was lost" if is_database_unavailable(exc) else str(exc)
-    message = f"Attempt {attempt} failed while deleting the knowledge base's documents, chunks and files: {reason}"
-    # 失败多半发生在数据库断开之后：手里的连接已经死了，先换一条能用的再记录
-    database_ready()
-    with transaction.atomic():
-        task = CleanupTask.objects.select_for_update().get(pk=task_id)
-        task.error_message = message[:4000]
-        if attempt <= settings.CLEANUP_MAX_RETRIES:
-            delay = backoff_seconds(settings.CLEANUP_RETRY_BASE_SECONDS, attempt)
-            options = cleanup_q_options()
-            task.next_retry_at = schedule_task(
-                CLEANUP_TASK_FUNC, str(task_id), attempt=attempt + 1, delay_seconds=delay,
-                request_id=task.request_id, label="cleanup-retry", queue=options["cluster"],
-                timeout=options["timeout"],
-            )
-            task.save(update_fields=["error_message", "next_retry_at", "updated_at"])
-            metrics.CLEANUP_RETRIES.inc()
-            logger.warning("cleanup_retry_scheduled", exc_info=exc, next_attempt=attempt + 1, delay_s=delay)
-            return
-        task.status = CleanupTask.Status.FAILED
-        task.next_retry_at = None
-        task.finished_at = timezone.now()
-        task.save(update_fields=["status", "error_message", "next_retry_at", "finished_at", "updated_at"])
-    metrics.CLEANUP_TASKS.labels(status="failed").inc()
-    logger.error("cleanup_failed", exc_info=exc, attempts=attempt)
-
-
-def cleanup_run(*, task_id: uuid.UUID, attempt: int) -> None:
-    """执行（或续跑）一次清理尝试。重复投递、过期的尝试、同一知识库上已有执行者时都会被安全地忽略。"""
-    kb_id = CleanupTask.objects.filter(pk=task_id).values_list("knowledge_base_id", flat=True).first()
-    if kb_id is None:
-        logger.info("cleanup_skipped_finished", status=None)
+def execute(job: JobRun) -> None:
+    """清理作业的一次尝试（``jobs.runner`` 调用；同一知识库的清理同一时刻只有持有作业租约的一个执行者）。
+    任何失败都按暂时性处理、退避重试：删除是幂等的，文件删不掉多半是一时的（权限、挂载），用尽次数才失败。"""
+    task = CleanupTask.objects.filter(pk=job.job.target_id).first()
+    if task is None:
+        raise JobCancelled()
+    if task.status in (CleanupTask.Status.COMPLETED, CleanupTask.Status.FAILED):
+        logger.info("cleanup_skipped_finished", status=task.status)
         return
-    with advisory_lock(lock_key(kb_id)) as acquired:
-        if not acquired:
-            logger.info("cleanup_skipped_busy", knowledge_base_id=str(kb_id))
-            return
-        # 拿到锁之后再读状态：读知识库 id 与拿锁之间，前一个执行者可能刚把它做完
-        task = CleanupTask.objects.filter(pk=task_id).first()
-        if task is None or task.status in (CleanupTask.Status.COMPLETED, CleanupTask.Status.FAILED):
-            logger.info("cleanup_skipped_finished", status=getattr(task, "status", None))
-            return
-        if attempt < task.attempts:
-            # 旧尝试的重投递：已有更新的尝试接手
-            logger.info("cleanup_skipped_stale_attempt", current_attempt=task.attempts)
-            return
-        task.status = CleanupTask.Status.RUNNING
-        task.attempts = attempt
-        task.next_retry_at = None
-        task.started_at = task.started_at or timezone.now()
-        task.save(update_fields=["status", "attempts", "next_retry_at", "started_at", "updated_at"])
-        logger.info("cleanup_started", knowledge_base_id=str(task.knowledge_base_id))
-        try:
-            _execute(task)
-        except Exception as exc:
-            _handle_failure(task_id, attempt, exc)
+    task.status = CleanupTask.Status.RUNNING
+    task.started_at = task.started_at or timezone.now()
+    task.save(update_fields=["status", "started_at", "updated_at"])
+    logger.info("cleanup_started", knowledge_base_id=str(task.knowledge_base_id))
+    try:
+        _execute(task, job)
+    except (WorkerStopping, LeaseLost):
+        raise
+    except Exception as exc:
+        # 驱动报错原文（主机、socket 路径）不进 error_message，它会出现在 API 响应里；原文见日志
+        reason = "the database connection was lost" if is_database_unavailable(exc) else str(exc)
+        logger.warning("cleanup_attempt_failed", exc_info=exc)
+        raise JobFailed(f"Deleting the knowledge base's documents, chunks and files failed: {reason}",
+                        transient=True) from exc
+
+
+def record_failure(job: Job, failure: Failure, retry_in: int | None) -> None:
+    """失败写在清理任务上；不再重试时置为 failed，等待人工重试。"""
+    words = (f"The worker deleting this knowledge base stopped unexpectedly {failure.deaths} times"
+             if failure.deaths else failure.message) + attempt_words(job, failure, retry_in)
+    fields: dict[str, object] = {"error_message": words[:4000], "updated_at": timezone.now()}
+    if retry_in is None:
+        fields.update(status=CleanupTask.Status.FAILED, finished_at=timezone.now())
+        metrics.CLEANUP_TASKS.labels(status="failed").inc()
+        logger.error("cleanup_failed", error=words, attempts=job.attempt)
+    CleanupTask.objects.filter(pk=job.target_id).exclude(status=CleanupTask.Status.COMPLETED).update(**fields)
+
+
+# 由 AppConfig.ready 登记到作业执行器（jobs.runner.register）
+CLEANUP_JOB = JobKind(
+    name=CLEANUP_KIND, func=CLEANUP_TASK_FUNC, execute=execute, record_failure=record_failure,
+    max_retries=lambda: settings.CLEANUP_MAX_RETRIES, retry_base_seconds=lambda: settings.CLEANUP_RETRY_BASE_SECONDS,
+    # 清理 1M 分块的库约一小时：按维护任务的上限计时，而不是 RAG_TASK_TIMEOUT
+    timeout=lambda: settings.MAINTENANCE_TIMEOUT,
+)

@@ -79,6 +79,7 @@ INSTALLED_APPS = [
     "ops",
     "django_q",
     "django_prometheus",
+    "jobs",
     "knowledge",
     "documents",
     "search",

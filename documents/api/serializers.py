@@ -122,6 +122,9 @@ class DocumentAcceptedSerializer(serializers.Serializer):
 class DocumentSerializer(serializers.ModelSerializer):
     knowledge_base_id = serializers.UUIDField()
     error_message = serializers.SerializerMethodField()
+    # 来自文档最近的作业（jobs.Job）：本轮已开始的尝试次数、等自动重试时的重试时间
+    attempts = serializers.IntegerField(read_only=True, min_value=0)
+    next_retry_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Document

@@ -101,6 +101,9 @@ class CleanupTaskSerializer(serializers.ModelSerializer):
     progress = ProgressSerializer()
     # 没有错误时返回 null（见 to_representation）：schema 里也要写明可为 null
     error_message = serializers.CharField(allow_null=True, read_only=True)
+    # 来自执行清理的作业（jobs.Job）
+    attempts = serializers.IntegerField(read_only=True, min_value=0)
+    next_retry_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = CleanupTask

@@ -8,6 +8,7 @@ import io
 import itertools
 import uuid
 import zipfile
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,12 @@ from django_q.models import Schedule
 
 from documents import ingestion
 from documents.models import Document, DocumentChunk
+from jobs.models import Job
 from knowledge.models import KnowledgeBase
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError
 from tests.conftest import FakeEmbedder, assert_error
+from tests.job_helpers import ingest_now, job_of, run_again
 from tests.raglib.test_parsing import CSV_HEADER_ROW, csv_bytes
 
 pytestmark = pytest.mark.django_db
@@ -276,12 +279,14 @@ def test_transient_embedding_failures_retry_with_backoff_then_fail(client_rw, kb
         assert document.status == "processing" and document.attempts == attempt
         assert f"attempt {attempt}; retrying in" in document.error_message
         assert document.error_message.startswith("Computing embeddings failed")
-        schedule = Schedule.objects.get(name__startswith=f"ingest-retry:{document_id}:{attempt + 1}:")
-        assert schedule.next_run == document.next_retry_at
+        job = job_of(document)
+        schedule = Schedule.objects.get(name__startswith=f"job:{job.id}:{attempt}:")
+        assert schedule.next_run == document.next_retry_at == job.run_after and schedule.cluster == settings.FAST_QUEUE
         schedule.delete()
-        ingestion.ingest_document(document_id=document.id, attempt=attempt + 1)
+        run_again(job)
     document = Document.objects.get(pk=document_id)
     assert document.status == "failed" and "gave up after 3 attempts" in document.error_message
+    assert job_of(document).status == "failed" and document.next_retry_at is None
     assert not DocumentChunk.objects.filter(document_id=document_id).exists()
 
 
@@ -292,7 +297,7 @@ def test_permanent_embedding_error_fails_at_once(client_rw, kb_factory, run_on_c
     document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
     document = Document.objects.get(pk=document_id)
     assert document.status == "failed" and "input too long" in document.error_message
-    assert not Schedule.objects.filter(name__startswith="ingest-retry").exists()
+    assert not Schedule.objects.filter(name__startswith="job:").exists()
 
 
 def test_time_limit_fails_the_document(client_rw, kb_factory, run_on_commit, fake_embedder, settings, monkeypatch):
@@ -325,64 +330,75 @@ def test_deletion_mid_ingestion_abandons_result(kb_factory, fake_embedder, monke
         return vectors
 
     monkeypatch.setattr(ingestion, "embed_step", embed_then_interfere)
-    ingestion.ingest_document(document_id=document.id, attempt=1)
+    job = ingest_now(document)
     assert not DocumentChunk.objects.exists()
+    assert job.status == "cancelled" and job.lease_owner == ""
 
 
 def test_concurrency_limit_defers_when_all_slots_are_taken(kb_factory, fake_embedder, settings, monkeypatch):
-    from django.db import connections
-
-    settings.INGEST_CONCURRENCY = 1
-    monkeypatch.setattr(ingestion, "SLOT_WAIT_SECONDS", 0.2)
-    kb = kb_factory()
-    # 主队列的大文件才占并发名额；快队列的小文件不受它限制
-    document = Document.objects.create(knowledge_base=kb, filename="x.md", stored_path="files/x.md",
-                                       size_bytes=settings.FAST_QUEUE_MAX_BYTES + 1)
-    holder = connections.create_connection("default")
-    try:
-        with holder.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(hashtextextended('ingest-slot:0', 0))")
-        ingestion.ingest_document(document_id=document.id, attempt=1)
-    finally:
-        holder.close()
-    document.refresh_from_db()
-    assert document.attempts == 0 and document.status == "processing"  # 没开始，也不算一次尝试
-    assert Schedule.objects.get(name__startswith=f"ingest-slot:{document.id}:1:").cluster is None  # 仍回主队列
-    assert document.lease_owner == ""  # 等名额期间持有的租约已归还
-
-
-def test_reaper_requeues_orphans_then_gives_up(kb_factory, settings, monkeypatch):
-    from datetime import timedelta
-
     from django.utils import timezone
 
-    from ops.tasks import reap_stale_documents
+    settings.INGEST_CONCURRENCY = 1
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: None)
+    kb = kb_factory()
+    # 主队列的大文件才占并发名额；快队列的小文件不受它限制
+    (settings.DATA_DIR / "files").mkdir(parents=True)
+    (settings.DATA_DIR / "files" / "x.md").write_text(BID_TEXT)
+    big = {"stored_path": "files/x.md", "size_bytes": settings.FAST_QUEUE_MAX_BYTES + 1}
+    busy = Document.objects.create(knowledge_base=kb, filename="busy.md", **big)
+    document = Document.objects.create(knowledge_base=kb, filename="x.md", **big)
+    main = settings.Q_CLUSTER["name"]
+    Job.objects.create(kind="ingest", target_id=busy.pk, queue=main, status="running", lease_owner="alive",
+                       lease_expires_at=timezone.now() + timedelta(minutes=1))
+    job = ingest_now(document)
+    assert (job.status, job.attempt, job.lease_owner) == ("queued", 0, "")  # 没开始，也不算一次尝试
+    assert Schedule.objects.get(name__startswith=f"job:{job.id}:0:").cluster == main  # 仍回主队列
+    assert Document.objects.get(pk=document.pk).status == "processing"
+
+    # 占着名额的 worker 死了（租约过期）：名额随之空出，不必等回收器
+    Job.objects.filter(target_id=busy.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert run_again(job).status == "completed"
+    assert Document.objects.get(pk=document.pk).status == "completed"
+
+
+def test_reaper_requeues_or_fails_documents_of_dead_workers(kb_factory, monkeypatch, settings, run_on_commit):
+    from django.utils import timezone
+
+    from jobs.runner import reap
 
     settings.INGEST_MAX_RETRIES = 1
     queued: list[tuple] = []
     monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append((args, kwargs)))
     kb = kb_factory()
     expired = timezone.now() - timedelta(minutes=1)
-    waiting = Document.objects.create(knowledge_base=kb, filename="queued.txt")  # 排队中、没有租约：不是孤儿
-    alive = Document.objects.create(knowledge_base=kb, filename="alive.txt", stage="embed", attempts=1,
-                                    lease_owner="live", lease_expires_at=timezone.now() + timedelta(minutes=1))
-    orphan = Document.objects.create(knowledge_base=kb, filename="orphan.txt", stage="embed", attempts=1,
-                                     lease_owner="dead", lease_expires_at=expired)
 
-    assert reap_stale_documents(stale_after=timedelta(0)) == [str(orphan.id)]
-    assert queued == [(("documents.tasks.run_ingestion", str(orphan.id)),
-                       {"attempt": 2, "request_id": None, "cluster": settings.FAST_QUEUE})]
+    def leased(name: str, owner: str, expires: Any) -> tuple[Document, Job]:
+        document = Document.objects.create(knowledge_base=kb, filename=name, stage="embed")
+        job = Job.objects.create(kind="ingest", target_id=document.pk, queue=settings.FAST_QUEUE, status="running",
+                                 attempt=1, lease_owner=owner, lease_expires_at=expires, pushed_at=timezone.now())
+        return document, job
+
+    waiting = Document.objects.create(knowledge_base=kb, filename="queued.txt")  # 排队中、没有租约：不是孤儿
+    Job.objects.create(kind="ingest", target_id=waiting.pk, queue=settings.FAST_QUEUE, pushed_at=timezone.now())
+    alive, _ = leased("alive.txt", "live", timezone.now() + timedelta(minutes=1))
+    orphan, orphan_job = leased("orphan.txt", "dead", expired)
+
+    assert run_on_commit(reap, stale_after=timedelta(minutes=5)) == [str(orphan_job.id)]
+    assert queued == [(("documents.tasks.run_ingestion", str(orphan_job.id)),
+                       {"request_id": None, "cluster": settings.FAST_QUEUE})]
     orphan.refresh_from_db()
-    assert (orphan.stage, orphan.status, orphan.lease_owner, orphan.worker_deaths) == ("", "processing", "", 1)
-    waiting.refresh_from_db()
-    alive.refresh_from_db()
-    assert waiting.status == alive.status == "processing" and alive.lease_owner == "live"
+    orphan_job.refresh_from_db()
+    assert orphan.stage == "" and orphan.status == "processing"
+    assert (orphan_job.status, orphan_job.lease_owner, orphan_job.worker_deaths) == ("queued", "", 1)
+    assert job_of(alive).lease_owner == "live" and job_of(waiting).status == "queued"
 
     # 第二次尝试也弄死了 worker：判定文件有害，直接失败，不再重跑
-    Document.objects.filter(pk=orphan.pk).update(stage="parse", attempts=2, lease_owner="dead-again",
-                                                 lease_expires_at=expired)
-    reap_stale_documents(stale_after=timedelta(0))
+    Document.objects.filter(pk=orphan.pk).update(stage="parse")
+    Job.objects.filter(pk=orphan_job.pk).update(status="running", attempt=2, lease_owner="dead-again",
+                                                lease_expires_at=expired)
+    run_on_commit(reap, stale_after=timedelta(minutes=5))
     orphan.refresh_from_db()
-    assert orphan.status == "failed" and orphan.worker_deaths == 2
+    orphan_job.refresh_from_db()
+    assert orphan.status == "failed" and (orphan_job.status, orphan_job.worker_deaths) == ("failed", 2)
     assert "stopped unexpectedly 2 times (last during 'parse')" in orphan.error_message
     assert len(queued) == 1

@@ -259,29 +259,39 @@ def test_selective_filter_still_returns_top_k(client_rw: Any, kb_factory: Any, f
 def test_queued_result_is_dropped_when_the_item_changed_meanwhile(client_rw: Any, kb_factory: Any,
                                                                   fake_embedder: FakeEmbedder, settings: Any,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from django_q.models import Schedule
-
+    """排队处理的条目在处理期间又被写入：这次的结果作废，作业做完这次再做一次，最终写入的是最新内容。"""
     from documents import ingestion
+    from jobs.runner import run_job
+    from tests.job_helpers import job_of
 
     settings.ITEM_SYNC_MAX_CHUNKS = 0
     kb = kb_factory()
-    monkeypatch.setattr(items, "enqueue", lambda *args, **kwargs: None)  # 任务由下面手动执行
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: None)  # 作业由下面手动执行
     assert put(client_rw, kb, "racy", content="第一版。").status_code == 202
     document = Document.objects.get(external_id="racy")
+    job = job_of(document)
     original = ingestion.embed_step
 
     def embed_then_rewrite(run: Any, drafts: Any, provider: Any) -> Any:
         vectors = original(run, drafts, provider)
-        # 模拟处理期间又来了一次写入（新的摘要，仍在排队）
-        Document.objects.filter(pk=document.pk).update(content="第二版。", content_hash="newer")
+        # 处理期间又来了一次写入（新的内容，排进同一个作业）
+        assert put(client_rw, kb, "racy", content="第二版。").status_code == 202
         return vectors
 
     monkeypatch.setattr(ingestion, "embed_step", embed_then_rewrite)
-    ingestion.ingest_document(document_id=document.pk, attempt=1)
+    run_job(str(job.id))
     document.refresh_from_db()
+    job.refresh_from_db()
     assert document.chunk_count == 0 and document.status == "processing"  # 过时的结果没有写入
     assert not DocumentChunk.objects.filter(document=document).exists()
-    assert Schedule.objects.filter(name__startswith=f"ingest-superseded:{document.pk}").exists()
+    assert (job.status, job.rerun, job.attempt) == ("queued", False, 0)  # 回到队列，尝试次数从头算
+    assert job_of(document).pk == job.pk  # 同一个对象同一时刻只有一个未结束的作业
+
+    monkeypatch.setattr(ingestion, "embed_step", original)
+    run_job(str(job.id))
+    document.refresh_from_db()
+    assert document.status == "completed" and document.content == "第二版。"
+    assert [c.chunk_text for c in DocumentChunk.objects.filter(document=document)] == ["第二版。"]
 
 
 def test_item_deleted_through_documents_api_can_be_written_again(client_rw: Any, kb_factory: Any,

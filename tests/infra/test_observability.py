@@ -210,7 +210,7 @@ def test_request_id_follows_into_cleanup_task(client_rw, kb_factory, run_on_comm
         assert lines[0]["request_id"] == request_id, (event, lines[0])
     started = logs.events("cleanup_started")[0]
     assert started["task"] == "cleanup"
-    assert started["cleanup_task_id"] == str(task.id)
+    assert (started["job_kind"], started["target_id"]) == ("cleanup", str(task.id))
     assert started["knowledge_base_id"] == str(kb.id)
 
 

@@ -246,7 +246,7 @@ def test_cleanup_tasks_cannot_be_added_or_deleted(admin_client, kb_factory):
 def test_retry_action_on_failed_task(admin_client, kb_factory, django_capture_on_commit_callbacks):
     kb = kb_factory(status=KnowledgeBase.Status.DELETED)
     total = add_documents(kb, documents=1, chunks_per_document=4, dim=8)
-    task = CleanupTask.objects.create(knowledge_base=kb, status=CleanupTask.Status.FAILED, attempts=4,
+    task = CleanupTask.objects.create(knowledge_base=kb, status=CleanupTask.Status.FAILED,
                                       processed=1, total=total, error_message="boom")
     with django_capture_on_commit_callbacks(execute=True):
         messages = _action(admin_client, TASK_CHANGELIST, "retry", task.pk)
@@ -260,7 +260,7 @@ def test_retry_action_on_failed_task(admin_client, kb_factory, django_capture_on
 def test_retry_action_resets_failed_task(admin_client, kb_factory):
     """不执行 on_commit 回调时，可以看到重试把任务重置为 pending。"""
     kb = kb_factory(status=KnowledgeBase.Status.DELETED)
-    task = CleanupTask.objects.create(knowledge_base=kb, status=CleanupTask.Status.FAILED, attempts=4,
+    task = CleanupTask.objects.create(knowledge_base=kb, status=CleanupTask.Status.FAILED,
                                       processed=2, total=5, error_message="boom")
     _action(admin_client, TASK_CHANGELIST, "retry", task.pk)
     task.refresh_from_db()

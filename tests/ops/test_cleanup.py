@@ -10,11 +10,15 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.utils import timezone
 from django_q.models import Schedule
 
 from documents.models import Document, DocumentChunk
+from jobs.models import Job
+from jobs.runner import reap
 from knowledge.models import CleanupTask, KnowledgeBase
+from knowledge.services import cleanup_submit
 from ops import cleanup
 from ops.tasks import run_cleanup
 from tests.factories import add_documents
@@ -38,6 +42,8 @@ def test_cleanup_deletes_everything_and_reports_progress(client_rw, kb_factory, 
     files = cleanup.knowledge_base_files_dir(kb.id)
     files.mkdir(parents=True)
     (files / "original.pdf").write_bytes(b"%PDF")
+    finished = Job.objects.create(kind="ingest", target_id=Document.objects.filter(knowledge_base=kb).first().pk,
+                                  knowledge_base_id=kb.id, queue="ragservice-fast", status="completed")
 
     task = _delete(client_rw, kb, run_on_commit)
 
@@ -51,6 +57,9 @@ def test_cleanup_deletes_everything_and_reports_progress(client_rw, kb_factory, 
     # 其他知识库不受影响；被删除的知识库行保留供审计
     assert DocumentChunk.objects.filter(knowledge_base=other).count() == 5
     assert KnowledgeBase.objects.get(pk=kb.pk).status == "deleted"
+    # 文档的作业记录随知识库一并删掉，只留下清理作业自己
+    assert not Job.objects.filter(pk=finished.pk).exists()
+    assert list(Job.objects.filter(knowledge_base_id=kb.id).values_list("kind", "status")) == [("cleanup", "completed")]
 
 
 def test_symlinked_file_folder_loses_its_files_and_nothing_else(client_rw, kb_factory, run_on_commit, settings,
@@ -128,7 +137,7 @@ def test_cleanup_is_not_completed_while_files_remain(client_rw, kb_factory, run_
 
     monkeypatch.setattr(cleanup.shutil, "rmtree", denied)
     task = _delete(client_rw, kb, run_on_commit)
-    task.refresh_from_db()
+    task = CleanupTask.objects.get(pk=task.pk)
     assert task.status == "running" and task.next_retry_at is not None
     assert "could not be deleted (Permission denied)" in task.error_message
     assert f"files/{kb.id}" in task.error_message and str(files) not in task.error_message
@@ -146,12 +155,24 @@ def test_empty_kb_cleanup_completes_with_zero_total(client_rw, kb_factory, run_o
     assert body["progress"] == {"processed": 0, "total": 0, "percentage": 1.0}
 
 
+def _submitted(kb: KnowledgeBase) -> tuple[CleanupTask, Job]:
+    """建清理任务并登记作业（测试事务不提交，作业不会交给队列，由测试自己执行）。"""
+    task = CleanupTask.objects.create(knowledge_base=kb)
+    return task, cleanup_submit(task)
+
+
+def _expire_lease(job: Job) -> None:
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
 def test_interrupted_cleanup_resumes_without_double_counting(kb_factory, monkeypatch, settings):
-    """worker 在批次之间死掉（SystemExit 不会被任务的异常处理捕获）：续跑后 processed == total。"""
+    """worker 在批次之间死掉（SystemExit 不会被任务的异常处理捕获）：租约过期后回收器放回，
+    续跑后 processed == total。"""
     settings.CLEANUP_BATCH_SIZE = 5
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: None)
     kb = kb_factory(status=KnowledgeBase.Status.DELETED)
     total = add_documents(kb, documents=2, chunks_per_document=12)
-    task = CleanupTask.objects.create(knowledge_base=kb)
+    task, job = _submitted(kb)
     real_delete = cleanup.delete_batch
     calls = {"n": 0}
 
@@ -163,29 +184,37 @@ def test_interrupted_cleanup_resumes_without_double_counting(kb_factory, monkeyp
 
     monkeypatch.setattr(cleanup, "delete_batch", dying_delete)
     with pytest.raises(SystemExit):
-        run_cleanup(str(task.id))
+        run_cleanup(str(job.id))
     task.refresh_from_db()
     assert task.status == "running"
     assert task.processed == 10 and task.total == total
     assert task.progress["percentage"] == round(10 / total, 4)
 
     monkeypatch.setattr(cleanup, "delete_batch", real_delete)
-    run_cleanup(str(task.id))  # 代理重投递同一次尝试
-    task.refresh_from_db()
+    run_cleanup(str(job.id))  # 代理重投递：作业还在运行（租约未过期），不会有第二个执行者
+    assert CleanupTask.objects.get(pk=task.pk).processed == 10
+    _expire_lease(job)
+    assert reap(stale_after=timedelta(minutes=5)) == [str(job.id)]
+    run_cleanup(str(job.id))  # 回收器放回队列的那一次
+    task = CleanupTask.objects.get(pk=task.pk)
     assert task.status == "completed"
     assert task.processed == task.total == total
-    run_cleanup(str(task.id))  # 再投递一次也不会改变任何东西
+    assert task.attempts == 2 and task.job is not None and task.job.worker_deaths == 1
+    run_cleanup(str(job.id))  # 再投递一次也不会改变任何东西
     task.refresh_from_db()
     assert task.processed == total
 
 
 def _run_scheduled_retry(task: CleanupTask) -> Schedule:
-    schedule = Schedule.objects.get(name__startswith=f"cleanup-retry:{task.id}:")
-    assert schedule.func == "ops.tasks.run_cleanup"
+    job = Job.objects.get(target_id=task.pk, status="queued")
+    schedule = Schedule.objects.get(name__startswith=f"job:{job.id}:")
+    assert schedule.func == "ops.tasks.run_cleanup" and schedule.cluster == "ragservice-fast"
     args = ast.literal_eval(schedule.args)
     kwargs = ast.literal_eval(schedule.kwargs)
-    kwargs.pop("q_options")  # django-q2 的选项（超时），调度器入队时取出，不传给任务函数
-    schedule.delete()  # 相当于 django-q2 调度器取走这个一次性调度
+    # django-q2 的选项（维护任务的超时），调度器入队时取出，不传给任务函数
+    assert kwargs.pop("q_options") == {"timeout": django_settings.MAINTENANCE_TIMEOUT}
+    schedule.delete()  # 相当于 django-q2 调度器到点取走这个一次性调度
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
     run_cleanup(*args, **kwargs)
     return schedule
 
@@ -205,10 +234,11 @@ def test_three_automatic_retries_with_backoff_then_failed_then_manual_retry(
 
     expected_delays = [60, 120, 240]
     for attempt, delay in enumerate(expected_delays, start=1):
-        task.refresh_from_db()
+        task = CleanupTask.objects.get(pk=task.pk)
         assert task.status == "running" and task.attempts == attempt
-        assert f"Attempt {attempt} failed" in task.error_message and "read-only" in task.error_message
-        schedule = Schedule.objects.get(name__startswith=f"cleanup-retry:{task.id}:{attempt + 1}:")
+        assert f"(attempt {attempt}; retrying in {delay} s)" in task.error_message
+        assert "read-only" in task.error_message
+        schedule = Schedule.objects.get(name__startswith=f"job:{task.job.id}:{attempt}:")
         assert schedule.schedule_type == Schedule.ONCE
         assert timedelta(seconds=delay - 5) < schedule.next_run - started < timedelta(seconds=delay + 30)
         assert task.next_retry_at == schedule.next_run
@@ -217,25 +247,26 @@ def test_three_automatic_retries_with_backoff_then_failed_then_manual_retry(
         started = timezone.now()
         _run_scheduled_retry(task)
 
-    task.refresh_from_db()
-    assert task.status == "failed" and task.attempts == 4
-    assert not Schedule.objects.filter(name__startswith=f"cleanup-retry:{task.id}").exists()
+    task = CleanupTask.objects.get(pk=task.pk)
+    assert task.status == "failed" and task.attempts == 4 and task.job.status == "failed"
+    assert not Schedule.objects.filter(name__startswith="job:").exists()
     body = client_rw.get(f"/cleanup_tasks/{task.id}").json()
-    assert body["status"] == "failed" and "Attempt 4 failed" in body["error_message"]
+    assert body["status"] == "failed" and "(gave up after 4 attempts)" in body["error_message"]
+    assert body["attempts"] == 4 and body["next_retry_at"] is None
 
     # 故障排除后人工重试：重置为 pending，随后执行成功
     monkeypatch.setattr(cleanup, "delete_batch", REAL_DELETE_BATCH)
     response = run_on_commit(client_rw.post, f"/cleanup_tasks/{task.id}/retry")
     assert response.status_code == 202
-    task.refresh_from_db()
-    assert task.status == "completed"
+    task = CleanupTask.objects.get(pk=task.pk)
+    assert task.status == "completed" and task.attempts == 1  # 人工重试是新的作业，尝试次数从头算
     assert task.processed == task.total == total
     assert not DocumentChunk.objects.filter(knowledge_base=kb).exists()
 
 
 def test_retry_resets_to_pending_before_running(client_rw, kb_factory):
     kb = kb_factory(status=KnowledgeBase.Status.DELETED)
-    task = CleanupTask.objects.create(knowledge_base=kb, status="failed", processed=3, total=9, attempts=4,
+    task = CleanupTask.objects.create(knowledge_base=kb, status="failed", processed=3, total=9,
                                       error_message="boom")
     response = client_rw.post(f"/cleanup_tasks/{task.id}/retry")  # 回调未提交，任务尚未执行
     assert response.status_code == 202
@@ -245,32 +276,22 @@ def test_retry_resets_to_pending_before_running(client_rw, kb_factory):
     assert body["error_message"] is None
 
 
-def test_concurrent_execution_is_prevented_by_lock(kb_factory):
+def test_a_running_cleanup_has_one_executor_and_a_finished_one_is_not_run_again(kb_factory):
+    """作业租约在别的 worker 手里（活着）：重投递的这一份直接退出；做完的作业再投递也什么都不做。"""
     kb = kb_factory(status=KnowledgeBase.Status.DELETED)
     add_documents(kb, documents=1, chunks_per_document=2)
-    task = CleanupTask.objects.create(knowledge_base=kb)
-    from django.db import connections
-
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [cleanup.lock_key(kb.id)])
-        run_cleanup(str(task.id))
-        task.refresh_from_db()
-        assert task.status == "pending"  # 另一个执行者持有锁：本次直接退出
-    finally:
-        # 显式释放：仅关闭连接时，服务器端释放会话锁是异步的，紧接着的执行可能仍看到锁被占用
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [cleanup.lock_key(kb.id)])
-        other.close()
-    run_cleanup(str(task.id))
+    task, job = _submitted(kb)
+    Job.objects.filter(pk=job.pk).update(status="running", lease_owner="another-worker",
+                                         lease_expires_at=timezone.now() + timedelta(minutes=1))
+    run_cleanup(str(job.id))
     task.refresh_from_db()
-    assert task.status == "completed"
+    assert task.status == "pending" and DocumentChunk.objects.filter(knowledge_base=kb).count() == 2
 
-
-def test_stale_attempt_is_ignored(kb_factory):
-    kb = kb_factory(status=KnowledgeBase.Status.DELETED)
-    task = CleanupTask.objects.create(knowledge_base=kb, status="running", attempts=3)
-    run_cleanup(str(task.id), attempt=2)
+    Job.objects.filter(pk=job.pk).update(status="queued", lease_owner="", lease_expires_at=None)
+    run_cleanup(str(job.id))
     task.refresh_from_db()
-    assert task.status == "running" and task.attempts == 3
+    assert task.status == "completed" and Job.objects.get(pk=job.pk).status == "completed"
+    finished_at = task.finished_at
+    run_cleanup(str(job.id))
+    task.refresh_from_db()
+    assert task.finished_at == finished_at

@@ -229,4 +229,4 @@ def test_nothing_acknowledged_is_lost_across_worker_kills_and_database_restarts(
     counts = dict(stack.sql("SELECT document_id::text, count(*) FROM document_chunks "
                             "WHERE document_id = ANY(%s::uuid[]) GROUP BY document_id", accepted))
     assert counts == {d["id"]: d["chunk_count"] for d in documents}
-    assert not stack.sql("SELECT 1 FROM documents WHERE id = ANY(%s::uuid[]) AND lease_owner <> ''", accepted)
+    assert not stack.sql("SELECT 1 FROM jobs WHERE target_id = ANY(%s::uuid[]) AND lease_owner <> ''", accepted)

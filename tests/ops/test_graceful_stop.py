@@ -17,8 +17,10 @@ from django_q.models import Task
 
 from documents.ingestion import INGEST_TASK_FUNC, ingestion_queue
 from documents.models import Document, DocumentChunk
+from jobs.models import Job
+from jobs.runner import reap
 from ops.management.commands.serve import STOP_SECONDS
-from ops.tasks import reap_stale_documents
+from tests.job_helpers import job_of
 from tests.ops.slow_embedding import SlowEmbeddingServer, graceful_stop, sections, slow_kb, upload, warm_workers
 from tests.workers import WorkerCluster, wait_for
 
@@ -35,14 +37,19 @@ def _in_embed(documents: list[Document]) -> bool:
     return any(d.stage == "embed" for d in _rows(documents))
 
 
+def _jobs(documents: list[Document]) -> list[Job]:
+    return [job_of(document) for document in documents]
+
+
 def _assert_set_aside(documents: list[Document], log: str) -> None:
-    """停止之后：没有文档失败，没有留下租约，没有记 worker 死亡；回收器没有什么可收。"""
+    """停止之后：没有文档失败，作业没有留下租约，没有记 worker 死亡；回收器没有什么可收。"""
     rows = _rows(documents)
     assert all(d.status in ("processing", "completed") for d in rows), [(d.filename, d.error_message) for d in rows]
-    assert [d.lease_owner for d in rows] == [""] * len(rows), log[-3000:]
-    assert [d.worker_deaths for d in rows] == [0] * len(rows)
-    assert reap_stale_documents(stale_after=timedelta(0)) == []
-    assert "ingest_requeued_worker_stopping" in log, log[-3000:]
+    jobs = _jobs(documents)
+    assert [j.lease_owner for j in jobs] == [""] * len(jobs), log[-3000:]
+    assert [j.worker_deaths for j in jobs] == [0] * len(jobs)
+    assert reap(stale_after=timedelta(minutes=5)) == []
+    assert "job_requeued_worker_stopping" in log, log[-3000:]
 
 
 def test_two_service_stops_mid_ingestion_lose_nothing_and_count_no_deaths(kb_factory, tmp_path, monkeypatch):
@@ -57,7 +64,7 @@ def test_two_service_stops_mid_ingestion_lose_nothing_and_count_no_deaths(kb_fac
         try:
             documents = [upload(kb, "big.md", sections(2800))]
             documents += [upload(kb, f"small-{i}.md", sections(60, tag=f"{i}-"), **SMALL) for i in range(3)]
-            assert [ingestion_queue(d) for d in documents] == [None] + ["ragservice-fast"] * 3
+            assert [ingestion_queue(d) for d in documents] == ["ragservice"] + ["ragservice-fast"] * 3
             wait_for(lambda: _in_embed(documents), timeout=120, interval=0.05, what="a document in embed")
             seconds = graceful_stop(first)
         finally:
@@ -81,8 +88,7 @@ def test_two_service_stops_mid_ingestion_lose_nothing_and_count_no_deaths(kb_fac
         finally:
             third.stop()
     done = _rows(documents)
-    assert [d.attempts for d in done] == [1] * len(done)
-    assert [d.worker_deaths for d in done] == [0] * len(done)
+    assert [(j.status, j.attempt, j.worker_deaths) for j in _jobs(documents)] == [("completed", 1, 0)] * len(done)
     for document in done:
         # 恰好一组分块：数量等于 chunk_count，序号不重复
         indexes = list(DocumentChunk.objects.filter(document=document).values_list("chunk_index", flat=True))
@@ -110,7 +116,7 @@ def test_idle_main_worker_takes_small_uploads_beside_a_long_one(kb_factory, tmp_
             wait_for(lambda: all(d.status == "completed" for d in _rows(small)), timeout=120,
                      what="the small uploads to complete")
             long_then = Document.objects.get(pk=long.pk)
-            ids = {str(d.pk) for d in small}
+            ids = {str(job_of(d).pk) for d in small}
             wait_for(lambda: Task.objects.filter(func=INGEST_TASK_FUNC).count() >= len(small), timeout=30,
                      what="the task results to be saved")
             tasks = [t for t in Task.objects.filter(func=INGEST_TASK_FUNC).values("args", "cluster", "started",
@@ -122,6 +128,6 @@ def test_idle_main_worker_takes_small_uploads_beside_a_long_one(kb_factory, tmp_
     # 长文档还在做，或者在所有小文件之后才完成
     assert long_then.status == "processing" or long_then.finished_at > max(d.finished_at for d in _rows(small))
     assert {t["cluster"] for t in small_tasks} == {"ragservice", "ragservice-fast"}, small_tasks
-    assert all(t["cluster"] == "ragservice" for t in tasks if t["args"][0] == str(long.pk))
+    assert all(t["cluster"] == "ragservice" for t in tasks if t["args"][0] == str(job_of(long).pk))
     spans = _intervals(small_tasks)
     assert any(later[0] < earlier[1] for earlier, later in pairwise(spans)), spans

@@ -25,10 +25,12 @@ from django_q.scheduler import scheduler
 from django_q.signals import pre_enqueue
 
 from infra.principal import SYSTEM_PRINCIPAL
+from jobs.models import Job
+from jobs.runner import reap
 from knowledge.models import CleanupTask, KnowledgeBase
-from knowledge.services import knowledge_base_delete
+from knowledge.services import cleanup_submit, knowledge_base_delete
 from ops import cleanup
-from ops.tasks import VECTOR_INDEX_SCHEDULE, requeue_stale_cleanups, run_cleanup
+from ops.tasks import VECTOR_INDEX_SCHEDULE, run_cleanup
 from search import ann
 from tests.factories import add_documents
 
@@ -82,16 +84,18 @@ def test_cleanup_is_enqueued_retried_and_requeued_with_the_maintenance_timeout(
 
     monkeypatch.setattr(cleanup, "delete_batch", broken)
     failing = CleanupTask.objects.create(knowledge_base=kb_factory(status=KnowledgeBase.Status.DELETED))
-    run_cleanup(str(failing.id))
-    schedule = Schedule.objects.get(name__startswith=f"cleanup-retry:{failing.id}:2:")
+    job = cleanup_submit(failing)
+    run_cleanup(str(job.id))
+    schedule = Schedule.objects.get(name__startswith=f"job:{job.id}:1:")
     assert ast.literal_eval(schedule.kwargs)["q_options"] == {"timeout": MAINTENANCE_TIMEOUT}
     assert schedule.cluster == settings.FAST_QUEUE
 
-    # 回收器重新入队（任务只记下，不执行）
+    # 回收器重新交给队列（调度丢了：重试时间早已过去；任务只记下，不执行）
     queued: list[dict[str, Any]] = []
     monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append(kwargs))
-    CleanupTask.objects.filter(pk=failing.pk).update(next_retry_at=None)
-    assert requeue_stale_cleanups(stale_after=timedelta(0)) == [str(failing.id)]
+    long_ago = timezone.now() - timedelta(hours=1)
+    Job.objects.filter(pk=job.pk).update(run_after=long_ago, pushed_at=long_ago)
+    assert run_on_commit(reap, stale_after=timedelta(minutes=5)) == [str(job.id)]
     assert queued[0]["timeout"] == MAINTENANCE_TIMEOUT and queued[0]["cluster"] == settings.FAST_QUEUE
 
 
@@ -109,23 +113,19 @@ def test_vector_index_schedule_runs_with_the_maintenance_timeout(enqueued: list[
 
 
 @pytest.mark.django_db
-def test_cleanup_refuses_to_run_beside_another_cleanup_of_the_same_kb(
-        kb_factory: Callable[..., KnowledgeBase]) -> None:
-    """锁按知识库而不是按任务行：同一知识库的另一条清理任务（或同一任务的重投递）在别人持锁时直接退出。"""
+def test_a_long_cleanup_with_a_live_lease_is_not_reaped(kb_factory: Callable[..., KnowledgeBase]) -> None:
+    """清理先删倒排的那一段（1M 分块约一小时）不更新任何进度：只要执行者的租约还在续，两小时没动静也不是孤儿。"""
     kb = kb_factory(status=KnowledgeBase.Status.DELETED)
-    add_documents(kb, documents=1, chunks_per_document=3)
-    first = CleanupTask.objects.create(knowledge_base=kb, status=CleanupTask.Status.RUNNING, attempts=1)
-    second = CleanupTask.objects.create(knowledge_base=kb)
-    CleanupTask.objects.filter(pk=first.pk).update(updated_at=timezone.now() - timedelta(hours=2))
-    with held_elsewhere(cleanup.lock_key(kb.id)):
-        run_cleanup(str(second.id))
-        second.refresh_from_db()
-        assert (second.status, second.processed) == (CleanupTask.Status.PENDING, 0)
-        # 两小时没更新 updated_at 也不是孤儿：执行者的锁还在（删倒排的那一段不更新 updated_at）
-        assert requeue_stale_cleanups(stale_after=timedelta(minutes=5)) == []
-    run_cleanup(str(second.id))
-    second.refresh_from_db()
-    assert second.status == CleanupTask.Status.COMPLETED and second.processed == second.total == 4
+    task = CleanupTask.objects.create(knowledge_base=kb, status=CleanupTask.Status.RUNNING)
+    job = cleanup_submit(task)
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Job.objects.filter(pk=job.pk).update(status="running", attempt=1, lease_owner="busy-worker",
+                                         lease_expires_at=timezone.now() + timedelta(seconds=30),
+                                         pushed_at=two_hours_ago, started_at=two_hours_ago)
+    CleanupTask.objects.filter(pk=task.pk).update(updated_at=two_hours_ago)
+    assert reap(stale_after=timedelta(minutes=5)) == []
+    run_cleanup(str(job.id))  # 重投递的那一份：作业在别人手里，直接退出
+    assert CleanupTask.objects.get(pk=task.pk).processed == 0
 
 
 @pytest.mark.slow

@@ -22,13 +22,16 @@ from django.db import OperationalError
 from django_q.models import Schedule
 
 from documents import ingestion
+from documents.ingestion import ingestion_submit
 from documents.models import Document, DocumentChunk
 from documents.services import document_upload
-from infra.locks import row_lease
 from infra.workers import request_stop, reset_stop
+from jobs.models import Job
+from jobs.runner import reap, run_job
 from raglib.providers.embedding import get_embedding_provider
 from tests.conftest import assert_error
 from tests.documents.test_api import BID_TEXT, upload
+from tests.job_helpers import job_of, run_again
 from tests.raglib.test_embedding_providers import FakeEmbeddingServer
 
 pytestmark = pytest.mark.process
@@ -59,17 +62,18 @@ def test_store_step_losing_the_database_retries_and_keeps_the_embeddings(kb_fact
     monkeypatch.setattr(ingestion, "copy_chunks", copy_then_lose_connection)
     kb = kb_factory()
     document = _uploaded(kb, run_on_commit)
+    job = job_of(document)
     assert document.status == "processing" and document.attempts == 1
     assert document.error_message == ("Saving chunks to the database failed: The database connection was lost "
                                       "(attempt 1; retrying in 30 s)")
-    assert document.lease_owner == "" and document.stage == ""
-    schedule = Schedule.objects.get(name__startswith=f"ingest-retry:{document.id}:2:")
+    assert job.lease_owner == "" and job.status == "queued" and document.stage == ""
+    schedule = Schedule.objects.get(name__startswith=f"job:{job.id}:1:")
     assert schedule.next_run == document.next_retry_at and schedule.cluster == "ragservice-fast"
     embedded = sum(fake_embedder.calls)
     assert embedded > 0
     assert (settings.DATA_DIR / "files" / str(kb.id) / f"{document.id}.vectors.npz").exists()
 
-    ingestion.ingest_document(document_id=document.id, attempt=2)
+    run_again(job)
     document.refresh_from_db()
     assert document.status == "completed" and document.error_message == ""
     assert sum(fake_embedder.calls) == embedded  # 第二次尝试一个向量也没重算
@@ -81,16 +85,15 @@ def test_store_step_losing_the_database_retries_and_keeps_the_embeddings(kb_fact
 
 
 def test_document_leased_by_a_live_worker_is_skipped(kb_factory, fake_embedder, settings):
-    from datetime import timedelta
-
     from django.utils import timezone
 
     kb = kb_factory()
-    document = Document.objects.create(knowledge_base=kb, filename="x.md", lease_owner="someone-else",
-                                       lease_expires_at=timezone.now() + timedelta(minutes=1))
-    ingestion.ingest_document(document_id=document.id, attempt=1)
-    document.refresh_from_db()
-    assert document.attempts == 0 and document.lease_owner == "someone-else" and not fake_embedder.calls
+    document = Document.objects.create(knowledge_base=kb, filename="x.md")
+    job = Job.objects.create(kind="ingest", target_id=document.pk, queue=settings.FAST_QUEUE, status="running",
+                             lease_owner="someone-else", lease_expires_at=timezone.now() + timedelta(minutes=1))
+    run_job(str(job.id))
+    job.refresh_from_db()
+    assert job.attempt == 0 and job.lease_owner == "someone-else" and not fake_embedder.calls
 
 
 def test_lease_reclaimed_mid_ingestion_discards_the_result(kb_factory, run_on_commit, fake_embedder, monkeypatch):
@@ -99,30 +102,14 @@ def test_lease_reclaimed_mid_ingestion_discards_the_result(kb_factory, run_on_co
 
     def embed_then_lose_lease(run, drafts, provider):
         vectors = real_embed(run, drafts, provider)
-        Document.objects.filter(pk=run.document.pk).update(lease_owner="the-next-worker")
+        Job.objects.filter(pk=run.job.job.pk).update(lease_owner="the-next-worker")
         return vectors
 
     monkeypatch.setattr(ingestion, "embed_step", embed_then_lose_lease)
     document = _uploaded(kb_factory(), run_on_commit)
     assert document.status == "processing" and document.error_message == ""
-    assert document.lease_owner == "the-next-worker"
+    assert job_of(document).lease_owner == "the-next-worker" and job_of(document).status == "running"
     assert not DocumentChunk.objects.filter(document=document).exists()
-
-
-@pytest.mark.django_db(transaction=True)
-def test_lease_is_renewed_in_the_background_and_notices_takeover(kb_factory):
-    kb = kb_factory()
-    document = Document.objects.create(knowledge_base=kb, filename="x.md")
-    with row_lease(Document, document.pk, ttl=2) as lease:
-        assert lease is not None
-        first = Document.objects.get(pk=document.pk).lease_expires_at
-        time.sleep(1.2)  # 续期线程每 ttl/4 秒续一次
-        assert Document.objects.get(pk=document.pk).lease_expires_at > first
-        with row_lease(Document, document.pk, ttl=2) as second:
-            assert second is None  # 活着的租约拿不走
-        Document.objects.filter(pk=document.pk).update(lease_owner="reclaimed")
-        assert lease.lost.wait(3)
-    assert Document.objects.get(pk=document.pk).lease_owner == "reclaimed"  # 归还只归还自己的
 
 
 # ---------------------------------------------------------------- 优雅停止（真实进程里的停止见 test_graceful_stop.py）
@@ -152,13 +139,15 @@ def test_task_received_while_stopping_goes_back_untouched(kb_factory, fake_embed
                                                          django_capture_on_commit_callbacks):
     """停止途中才交到手上的任务（本地队列里的、重投递的）：不开始，原样（同一尝试号、同一队列）放回。"""
     document = Document.objects.create(knowledge_base=kb_factory(), filename="a.md", size_bytes=10)
+    job = ingestion_submit(document, push=False)
+    Job.objects.filter(pk=job.pk).update(attempt=2)
     stopping()
     with django_capture_on_commit_callbacks(execute=True):
-        ingestion.ingest_document(document_id=document.id, attempt=3)
-    document.refresh_from_db()
-    assert document.attempts == 0 and document.lease_owner == "" and not fake_embedder.calls
-    assert requeued == [(ingestion.INGEST_TASK_FUNC, (str(document.id),),
-                         {"attempt": 3, "cluster": "ragservice-fast", "request_id": None})]
+        run_job(str(job.id))
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.lease_owner) == ("queued", 2, "") and not fake_embedder.calls
+    assert requeued == [(ingestion.INGEST_TASK_FUNC, (str(job.id),),
+                         {"cluster": "ragservice-fast", "request_id": None})]
 
 
 def test_stop_mid_embed_sets_the_attempt_aside_and_keeps_its_vectors(kb_factory, run_on_commit, fake_embedder,
@@ -166,8 +155,6 @@ def test_stop_mid_embed_sets_the_attempt_aside_and_keeps_its_vectors(kb_factory,
                                                                      django_capture_on_commit_callbacks):
     """embed 途中收到停止信号：下一个检查点（片与片之间）放下这次尝试——已算好的向量暂存、交还租约、同一尝试号
     重新入队，不算失败也不算 worker 死亡；服务再起来时接着做，一个向量也不重算。"""
-    from ops.tasks import reap_stale_documents
-
     settings.EMBEDDING_BATCH_SIZE = 2  # 每片 2 条
     kb = kb_factory(chunking={"strategy": "token", "chunk_size": 32, "overlap": 0})
     document = _uploaded(kb, run_on_commit, text=_sections(6))  # 入队被截获，还没有执行
@@ -180,23 +167,27 @@ def test_stop_mid_embed_sets_the_attempt_aside_and_keeps_its_vectors(kb_factory,
         return vectors
 
     monkeypatch.setattr(fake_embedder, "embed_documents", embed_then_stop)
+    job = job_of(document)
     with django_capture_on_commit_callbacks(execute=True):
-        ingestion.ingest_document(document_id=document.id, attempt=1)
+        run_job(str(job.id))
     document.refresh_from_db()
-    assert document.status == "processing" and document.attempts == 1 and document.error_message == ""
-    assert document.lease_owner == "" and document.stage == "" and document.worker_deaths == 0
+    job.refresh_from_db()
+    assert document.status == "processing" and document.error_message == "" and document.stage == ""
+    # 尝试号原样（放下的这次不算），租约交还，不算 worker 死亡
+    assert (job.status, job.attempt, job.lease_owner, job.worker_deaths) == ("queued", 0, "", 0)
     assert not DocumentChunk.objects.filter(document=document).exists()
-    assert requeued[-1] == (ingestion.INGEST_TASK_FUNC, (str(document.id),),
-                            {"attempt": 1, "cluster": "ragservice-fast", "request_id": None})
-    assert reap_stale_documents(stale_after=timedelta(0)) == []  # 租约已交还：回收器没有什么可收
+    assert requeued[-1] == (ingestion.INGEST_TASK_FUNC, (str(job.id),),
+                            {"cluster": "ragservice-fast", "request_id": None})
+    assert reap(stale_after=timedelta(minutes=5)) == []  # 租约已交还：回收器没有什么可收
     assert fake_embedder.calls == [2, 2]
     stash = settings.DATA_DIR / "files" / str(kb.id) / f"{document.id}.vectors.npz"
     assert stash.exists()
 
     reset_stop()
-    ingestion.ingest_document(document_id=document.id, attempt=1)  # 服务再起来，同一个尝试号
+    run_job(str(job.id))  # 服务再起来，接着做
     document.refresh_from_db()
-    assert document.status == "completed" and document.attempts == 1 and document.worker_deaths == 0
+    job.refresh_from_db()
+    assert document.status == "completed" and (job.status, job.attempt, job.worker_deaths) == ("completed", 1, 0)
     assert DocumentChunk.objects.filter(document=document).count() == document.chunk_count > 4
     assert sum(fake_embedder.calls) == document.chunk_count  # 暂存的 4 个向量没有重算
     assert not stash.exists()
@@ -213,11 +204,14 @@ def test_parser_ended_by_the_stop_is_not_the_files_fault(kb_factory, run_on_comm
 
     monkeypatch.setattr(ingestion, "parse_isolated", parser_ended_by_the_stop)
     document = _uploaded(kb_factory(), run_on_commit)
+    job = job_of(document)
     with django_capture_on_commit_callbacks(execute=True):
-        ingestion.ingest_document(document_id=document.id, attempt=1)
+        run_job(str(job.id))
     document.refresh_from_db()
-    assert document.status == "processing" and document.error_message == "" and document.lease_owner == ""
-    assert requeued[-1][2]["attempt"] == 1 and not fake_embedder.calls
+    job.refresh_from_db()
+    assert document.status == "processing" and document.error_message == ""
+    assert (job.status, job.attempt, job.lease_owner) == ("queued", 0, "")
+    assert requeued[-1][1] == (str(job.id),) and not fake_embedder.calls
 
 
 # ---------------------------------------------------------------- embedding 提供方出错、挂起、输出畸形
@@ -298,31 +292,32 @@ def test_small_uploads_and_cleanup_go_to_the_fast_queue(client_rw, kb_factory, r
     upload(client_rw, kb, "large.md", BID_TEXT.encode() * 10, run_on_commit)
     run_on_commit(client_rw.delete, f"/knowledge_bases/{kb.id}")
     assert queued == [("documents.tasks.run_ingestion", "ragservice-fast"),
-                      ("documents.tasks.run_ingestion", None),
+                      ("documents.tasks.run_ingestion", "ragservice"),
                       ("ops.tasks.run_cleanup", "ragservice-fast")]
 
 
-def test_reaper_requeues_documents_nobody_started(kb_factory, monkeypatch):
-    """worker 取走任务后、开始处理前被杀：文档没有租约也没有阶段，等久了就再入队一次。"""
-    from datetime import timedelta
-
+def test_reaper_requeues_jobs_nobody_started(kb_factory, monkeypatch, settings, run_on_commit):
+    """worker 取走消息后、开始处理前被杀（或 Redis 的消息丢了）：作业没有租约，交给队列久了就再交一次。"""
     from django.utils import timezone
-
-    from ops.tasks import requeue_waiting_documents
 
     queued: list[tuple[Any, ...]] = []
     monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: queued.append((args, kwargs)))
     kb = kb_factory()
-    forgotten = Document.objects.create(knowledge_base=kb, filename="a.md", attempts=1)
-    fresh = Document.objects.create(knowledge_base=kb, filename="b.md")
-    retrying = Document.objects.create(knowledge_base=kb, filename="c.md", attempts=1,
-                                       next_retry_at=timezone.now() + timedelta(minutes=1))
-    Document.objects.filter(pk__in=[forgotten.pk, retrying.pk]).update(
-        updated_at=timezone.now() - timedelta(minutes=10))
-    assert requeue_waiting_documents(stale_after=timedelta(minutes=5)) == [str(forgotten.id)]
-    assert queued[0][1]["attempt"] == 1 and fresh.pk != forgotten.pk
-    # updated_at 已刷新：下一分钟不会再入队
-    assert requeue_waiting_documents(stale_after=timedelta(minutes=5)) == []
+    long_ago = timezone.now() - timedelta(minutes=10)
+
+    def job(name: str, **fields: Any) -> Job:
+        document = Document.objects.create(knowledge_base=kb, filename=name)
+        return Job.objects.create(kind="ingest", target_id=document.pk, queue=settings.FAST_QUEUE, **fields)
+
+    forgotten = job("a.md", attempt=1, pushed_at=long_ago)
+    job("b.md", pushed_at=timezone.now())  # 刚交给队列
+    job("c.md", attempt=1, pushed_at=long_ago, run_after=timezone.now() + timedelta(minutes=1))  # 在等重试
+    migrated = job("d.md")  # 升级迁移建的作业：从没交给过队列
+    assert sorted(run_on_commit(reap, stale_after=timedelta(minutes=5))) == sorted([str(forgotten.id),
+                                                                                    str(migrated.id)])
+    assert {args[1] for args, _ in queued} == {str(forgotten.id), str(migrated.id)}
+    # pushed_at 已刷新：下一分钟不会再交
+    assert reap(stale_after=timedelta(minutes=5)) == []
 
 
 def test_reaper_schedule_runs_on_the_fast_queue(db):

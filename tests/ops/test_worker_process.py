@@ -12,10 +12,11 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from infra.principal import SYSTEM_PRINCIPAL
+from jobs.runner import reap
 from knowledge.models import CleanupTask
 from knowledge.services import knowledge_base_delete
-from ops.tasks import requeue_stale_cleanups
 from tests.factories import add_documents
+from tests.job_helpers import job_of
 from tests.workers import WorkerCluster, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -41,17 +42,21 @@ def test_cleanup_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
     assert killed_at.status == "running"
     assert 0 < killed_at.processed < total, first.log()
 
+    job = job_of(task)
+    assert job.status == "running" and job.lease_owner != ""  # 被杀的 worker 来不及交还租约
     second = WorkerCluster(tmp_path / "worker2.log", **slow).start()
     try:
-        # 回收器：无进展且无人持锁的任务重新入队（被杀 worker 的连接断开后锁即释放）
-        wait_for(lambda: requeue_stale_cleanups(stale_after=timedelta(0)) == [str(task.id)], timeout=30,
-                 what="reaper to requeue the orphaned task")
+        # 回收器：租约过期未续的作业放回它自己的（快）队列，记一次 worker 死亡
+        lease = int(first.env["RAG_TASK_LEASE_SECONDS"])
+        wait_for(lambda: reap(stale_after=timedelta(minutes=5)) == [str(job.id)], timeout=lease * 3,
+                 what="reaper to requeue the orphaned job")
         wait_for(lambda: _progress(task.id).status == "completed", timeout=90, what="cleanup completion")
     finally:
         second.stop()
     done = _progress(task.id)
-    assert done.processed == done.total == total, second.log()
-    assert done.attempts == 1  # 续跑的是同一次尝试，不算重试
+    assert done.processed == done.total == total, second.log()  # 续跑不重复计数
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.worker_deaths, job.queue) == ("completed", 2, 1, "ragservice-fast")
 
 
 def test_ready_reports_worker_presence(db, tmp_path, monkeypatch):
@@ -83,17 +88,20 @@ def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
 
     from documents.ingestion import ingestion_queue
     from documents.models import Document, DocumentChunk
+    from jobs.models import Job
     from ops.management.commands.serve import STOP_SECONDS
-    from ops.tasks import reap_stale_documents
     from tests.ops.slow_embedding import SlowEmbeddingServer, graceful_stop, sections, slow_kb, upload
 
     def row() -> Document:
         return Document.objects.get(pk=document.pk)
 
+    def job() -> Job:
+        return job_of(document)
+
     def queued_on() -> list[str]:
-        """这个文档还没被取走的消息在哪个队列。"""
+        """这个文档的作业还没被取走的消息在哪个队列。"""
         return [task.key for task in OrmQ.objects.filter(lock__lte=timezone.now())
-                if SignedPackage.loads(task.payload)["args"] == (str(document.pk),)]
+                if SignedPackage.loads(task.payload)["args"] == (str(job().pk),)]
 
     monkeypatch.setattr(Conf, "SYNC", False)
     with SlowEmbeddingServer(delay=0.25) as server:
@@ -102,7 +110,7 @@ def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
         first = WorkerCluster(tmp_path / "worker1.log", **env).start()
         try:
             document = upload(kb, "big.md", sections(2800))
-            assert document.size_bytes > 1024 * 1024 and ingestion_queue(document) is None  # 主队列
+            assert document.size_bytes > 1024 * 1024 and ingestion_queue(document) == "ragservice"  # 主队列
             wait_for(lambda: row().stage == "embed", timeout=120, interval=0.05,
                      what="ingestion to reach the embed stage")
             first.kill()
@@ -111,29 +119,30 @@ def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
             first.stop()
         killed = row()
         assert killed.status == "processing" and killed.stage == "embed", first.log()
-        assert killed.lease_owner != ""  # 被杀的 worker 来不及交还
+        assert job().lease_owner != ""  # 被杀的 worker 来不及交还
         assert not DocumentChunk.objects.filter(document=killed).exists()  # 半截结果从不可见
 
         lease = int(first.env["RAG_TASK_LEASE_SECONDS"])
-        wait_for(lambda: reap_stale_documents(stale_after=timedelta(0)) == [str(document.pk)], timeout=lease * 3,
+        wait_for(lambda: reap(stale_after=timedelta(minutes=5)) == [str(job().pk)], timeout=lease * 3,
                  interval=0.2, what="reaper to requeue the orphaned document")
         assert time.monotonic() - killed_at < lease + 2  # 租约一过期就收回
         assert queued_on() == ["ragservice"]  # 回到它自己的（主）队列
-        reaped = row()
-        assert (reaped.worker_deaths, reaped.status, reaped.attempts) == (1, "processing", 1)
+        reaped = job()
+        assert (reaped.worker_deaths, reaped.status, reaped.attempt) == (1, "queued", 1)
+        assert row().status == "processing" and row().stage == ""
 
         second = WorkerCluster(tmp_path / "worker2.log", **env).start()
         try:
-            wait_for(lambda: row().attempts == 2 and row().stage == "embed", timeout=120, interval=0.05,
+            wait_for(lambda: job().attempt == 2 and row().stage == "embed", timeout=120, interval=0.05,
                      what="the retry to reach the embed stage")
             seconds = graceful_stop(second)
         finally:
             second.stop()
         assert seconds < STOP_SECONDS, second.log()[-3000:]  # 在宽限期内自己停下，没有等到 SIGKILL
-        stopped = row()
-        assert (stopped.status, stopped.worker_deaths, stopped.attempts) == ("processing", 1, 2), second.log()
-        assert stopped.lease_owner == "" and stopped.stage == ""
-        assert reap_stale_documents(stale_after=timedelta(0)) == []  # 不是死亡：回收器没什么可收
+        stopped = job()
+        assert (row().status, stopped.worker_deaths, stopped.attempt) == ("processing", 1, 1), second.log()
+        assert stopped.lease_owner == "" and stopped.status == "queued" and row().stage == ""
+        assert reap(stale_after=timedelta(minutes=5)) == []  # 不是死亡：回收器没什么可收
         assert queued_on() == ["ragservice"]
 
         third = WorkerCluster(tmp_path / "worker3.log", **env).start()
@@ -143,7 +152,7 @@ def test_ingestion_survives_worker_kill(kb_factory, tmp_path, monkeypatch):
             third.stop()
     done = row()
     assert done.status == "completed", (done.error_message, third.log()[-3000:])
-    assert (done.attempts, done.worker_deaths) == (2, 1)
+    assert (job().status, job().attempt, job().worker_deaths) == ("completed", 2, 1)
     assert done.chunk_count == DocumentChunk.objects.filter(document=done).count() > 200
 
 
@@ -164,6 +173,7 @@ def test_cleanup_outlives_the_cluster_timeout_under_the_maintenance_timeout(kb_f
         cluster.stop()
     done = _progress(task.id)
     assert done.processed == done.total == total and done.attempts == 1, cluster.log()
+    assert job_of(done).worker_deaths == 0
     assert done.started_at and done.finished_at
     ran = (done.finished_at - done.started_at).total_seconds()
     print(f"cleanup of {total} rows ran {ran:.1f} s under a 10 s cluster timeout")

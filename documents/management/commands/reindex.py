@@ -9,14 +9,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from documents import services
-from documents.ingestion import ingest_document
 from documents.models import Document
 from infra.context import task_context
 from infra.errors import ApplicationError
 from infra.principal import SYSTEM_PRINCIPAL
 from infra.progress import graceful_stop, write_progress
+from jobs.runner import run_job
 from knowledge.management.options import knowledge_base_option
-from knowledge.selectors import parse_uuid
 
 
 class Command(BaseCommand):
@@ -53,12 +52,14 @@ class Command(BaseCommand):
 
     def _reindex_one(self, document_id: str) -> bool:
         try:
-            services.document_reindex(principal=SYSTEM_PRINCIPAL, document_id=document_id, queue=False)
+            job = services.document_reindex(principal=SYSTEM_PRINCIPAL, document_id=document_id, queue=False).job
         except ApplicationError as exc:
             self.stderr.write(f"\n{document_id}: {exc.message}")
             return False
+        assert job is not None
         with task_context("reindex-command", None, document_id=document_id):
-            ingest_document(document_id=parse_uuid(document_id), attempt=1)
+            # 作业没交给队列（queue=False）：在本进程里执行它；暂时性失败照常由作业执行器安排到队列里重试
+            run_job(str(job.id))
         document = Document.objects.get(pk=document_id)
         ok = document.status == Document.Status.COMPLETED and not document.reindex_status
         if not ok:
