@@ -52,10 +52,26 @@ class Entry:
 
 @dataclass(frozen=True)
 class SegmentRows:
-    """一个段要写进数据库的行：词典块 (first_lexeme, data) 与倒排块 (lexeme, block_no, data)。"""
+    """一个段要写进数据库的行：词典块 (first_lexeme, data)、倒排块 (lexeme, block_no, data)
+    与按首字汇总的 df (首字, df 之和)。"""
 
     dictionary: list[tuple[str, bytes]]
     blocks: list[tuple[str, int, bytes]]
+    prefixes: list[tuple[str, int]]
+
+
+def prefix_dfs(entries: Iterable[Entry]) -> list[tuple[str, int]]:
+    """按首字汇总的 df：以每个字开头的各词位的段内 df 之和，按首字升序。
+
+    查询里孤立的单字是前缀词（``'为':*``，见 :mod:`raglib.analysis`），它的 df 就是这个和。常用字开头的词位有上千个，
+    散在几十上百个词典块里；查询时为了一个 df 把它们全读出来解析，是全文一路最慢的那一截
+    （bench/pages/fulltext_engine.md），而这样的词多半因为太常见根本不读倒排（``raglib.bm25.allot_postings``）。
+    段写出时算好，查询只查一行。
+    """
+    sums: dict[str, int] = {}
+    for entry in entries:
+        sums[entry.lexeme[0]] = sums.get(entry.lexeme[0], 0) + entry.df
+    return sorted(sums.items())
 
 
 def _encode_block(entries: Sequence[Entry]) -> bytes:
@@ -146,7 +162,7 @@ def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
         else:
             entries.append(Entry(lexeme, int(counts[term]), None))
             rows.extend((lexeme, number, data) for number, data in blocks)
-    return SegmentRows(encode_dictionary(entries), rows)
+    return SegmentRows(encode_dictionary(entries), rows, prefix_dfs(entries))
 
 
 def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]]) -> tuple[list[str], Postings]:

@@ -63,7 +63,7 @@ class _Snapshot:
     """一次查询在一个快照里读到的东西：统计，各查询词在各段词典里的条目，L0 里的词频，删除集的序号。"""
 
     statistics: Bm25Statistics
-    # (词位, 前缀?) → [(段号, 词典条目)]；前缀词是以它开头的全部条目
+    # (词位, 前缀?) → [(段号, 词典条目)]：精确词在读快照时取；前缀词（以它开头的全部条目）在确定要读它的倒排时才取
     entries: dict[tuple[str, bool], list[tuple[int, Entry]]]
     # L0 里含查询词的行，按词位：[(分块 id, 词数, 标题词频, 正文词频)]
     l0: dict[str, list[tuple[int, int, int, int]]]
@@ -106,26 +106,14 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         return _Snapshot(Bm25Statistics(0, 0.0, {}), {}, {}, np.zeros(0, dtype=np.int64))
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
-    # 各段里查询词所在的词典块：精确词取 first_lexeme ≤ 它的最后一块；前缀词再加上首词落在它范围里的各块。
-    # 按块分组（几个查询词常落在同一块里）：每块只传一次、只解析一次，并带上它服务的那几个查询词
-    cursor.execute(
-        "SELECT segment_id, array_agg(key), array_agg(prefix), (array_agg(data))[1] FROM ("
-        " SELECT s.segment_id, d.first_lexeme, q.lexeme AS key, q.prefix, d.data FROM fulltext_segments s"
-        "  CROSS JOIN unnest(%s::text[], %s::bool[]) q(lexeme, prefix) CROSS JOIN LATERAL (SELECT first_lexeme, data"
-        "  FROM fulltext_dictionary d WHERE d.knowledge_base_id = s.knowledge_base_id AND d.segment_id = s.segment_id"
-        "  AND d.first_lexeme <= q.lexeme ORDER BY d.first_lexeme DESC LIMIT 1) d WHERE s.knowledge_base_id = %s"
-        " UNION ALL SELECT d.segment_id, d.first_lexeme, p.low, true, d.data"
-        "  FROM fulltext_dictionary d, unnest(%s::text[]) p(low)"
-        "  WHERE d.knowledge_base_id = %s AND d.first_lexeme > p.low AND d.first_lexeme < p.low || %s"
-        ") found GROUP BY segment_id, first_lexeme",
-        [[lexeme for lexeme, _ in keys], [prefix for _, prefix in keys], kb_id, prefixes, kb_id, _PREFIX_END],
-    )
-    entries: dict[tuple[str, bool], list[tuple[int, Entry]]] = {key: [] for key in keys}
-    for segment_id, lexemes, prefix_flags, data in cursor.fetchall():
-        block = DictionaryBlock(bytes(data))
-        for key in dict.fromkeys(zip(lexemes, prefix_flags, strict=True)):
-            found = block.with_prefix(key[0]) if key[1] else [entry for entry in [block.find(key[0])] if entry]
-            entries[key] += [(int(segment_id), entry) for entry in found]
+    # 精确词的词典条目现在就读（每段一块）；前缀词只读按首字汇总的 df，条目等确定要读它的倒排时再取
+    entries = _dictionary_entries(cursor, kb_id, [key for key in keys if not key[1]])
+    segment_dfs: dict[tuple[str, bool], int] = {key: sum(entry.df for _, entry in found)
+                                                for key, found in entries.items()}
+    if prefixes:
+        cursor.execute("SELECT prefix, sum(df) FROM fulltext_prefixes WHERE knowledge_base_id = %s"
+                       " AND prefix = ANY(%s::text[]) GROUP BY prefix", [kb_id, prefixes])
+        segment_dfs.update({(prefix, True): int(df) for prefix, df in cursor.fetchall()})
     # L0：GIN 找含某个精确词的行；有前缀词时 L0 整个读（它只有几百到几千行）。按词位分组
     cursor.execute(
         # 查询词是一张表，与展开的词位做哈希连接：长问题有五六十个词，“= ANY(数组)”要逐个比较
@@ -163,12 +151,43 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
             removed[(lexeme, bool(prefix))] = removed.get((lexeme, bool(prefix)), 0) + int(count)
     dfs: dict[tuple[str, bool], int] = {}
     for key in keys:
-        df = sum(entry.df for _, entry in entries[key]) - removed.get(key, 0)
+        df = segment_dfs.get(key, 0) - removed.get(key, 0)
         df += sum(len(rows) for _, rows in _l0_rows(l0, key))
         if df > 0:
             dfs[key] = df
     statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
     return _Snapshot(statistics, entries, l0, deleted)
+
+
+def _dictionary_entries(cursor: Any, kb_id: uuid.UUID,
+                        keys: Sequence[tuple[str, bool]]) -> dict[tuple[str, bool], list[tuple[int, Entry]]]:
+    """各段词典里查询词的条目：精确词一个（若有），前缀词是以它开头的全部词位。
+
+    精确词取 first_lexeme ≤ 它的最后一块；前缀词再加上首词落在它范围里的各块。按块分组（几个查询词常落在同一块里）：
+    每块只传一次、只解析一次，并带上它服务的那几个查询词。
+    """
+    entries: dict[tuple[str, bool], list[tuple[int, Entry]]] = {key: [] for key in keys}
+    if not keys:
+        return entries
+    cursor.execute(
+        "SELECT segment_id, array_agg(key), array_agg(prefix), (array_agg(data))[1] FROM ("
+        " SELECT s.segment_id, d.first_lexeme, q.lexeme AS key, q.prefix, d.data FROM fulltext_segments s"
+        "  CROSS JOIN unnest(%s::text[], %s::bool[]) q(lexeme, prefix) CROSS JOIN LATERAL (SELECT first_lexeme, data"
+        "  FROM fulltext_dictionary d WHERE d.knowledge_base_id = s.knowledge_base_id AND d.segment_id = s.segment_id"
+        "  AND d.first_lexeme <= q.lexeme ORDER BY d.first_lexeme DESC LIMIT 1) d WHERE s.knowledge_base_id = %s"
+        " UNION ALL SELECT d.segment_id, d.first_lexeme, p.low, true, d.data"
+        "  FROM fulltext_dictionary d, unnest(%s::text[]) p(low)"
+        "  WHERE d.knowledge_base_id = %s AND d.first_lexeme > p.low AND d.first_lexeme < p.low || %s"
+        ") found GROUP BY segment_id, first_lexeme",
+        [[lexeme for lexeme, _ in keys], [prefix for _, prefix in keys], kb_id,
+         [lexeme for lexeme, prefix in keys if prefix], kb_id, _PREFIX_END],
+    )
+    for segment_id, lexemes, prefix_flags, data in cursor.fetchall():
+        block = DictionaryBlock(bytes(data))
+        for key in dict.fromkeys(zip(lexemes, prefix_flags, strict=True)):
+            found = block.with_prefix(key[0]) if key[1] else [entry for entry in [block.find(key[0])] if entry]
+            entries[key] += [(int(segment_id), entry) for entry in found]
+    return entries
 
 
 def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:
@@ -305,6 +324,9 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
                                settings.BM25_MAX_POSTINGS)
         if not reads:
             return [], statistics  # 没有一个查询词出现在这个知识库里
+        # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
+        snapshot.entries.update(_dictionary_entries(
+            cursor, kb_id, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
         # 每个 (查询词, 词位) 一个编号：同一词位既是精确词又落在某个前缀词里时各算各的
         slot_of: dict[int, int] = {}
         pairs: list[tuple[int, bytes]] = []

@@ -18,7 +18,8 @@
   永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
 - **打分在服务里**（:mod:`search.bm25`）：取查询词的词典条目与额度内的倒排块，numpy 解码、打分、去掉删除集，前若干名
   换成分块 id 再回表检查范围。短语、布尔、exact 查询另外要求分块满足 ``search_vector @@ tsquery``
-  （tsvector 与 GIN 保留）。
+  （tsvector 与 GIN 保留）。查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，
+  只有额度里要读它的倒排时才取以它开头的词典块（常用字开头的词位有上千个）。
 
 ## 引擎的 SQL 在哪里
 
@@ -27,7 +28,7 @@
 ====================================  ==========================================================================
 ``fulltext_storage.vN.sql``           全文表的定义：v2 建 L0、序号表、删除集、段、词典块与倒排块（统计行
                                       ``fulltext_kb_stats`` 是 Django 模型，见 ``search.models``）；v1 的倒排表
-                                      由 v2 删掉
+                                      由 v2 删掉；v3 加每个段按首字汇总的 df（前缀词的 df 不必读遍词典块）
 ``fulltext_chunk_terms.vN.sql``       ``fulltext_chunk_terms()``：tsvector → 词位与标题/正文词频数组
                                       （写 L0、回填、重建共用）
 ``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数（写 L0、记删除集）
@@ -46,7 +47,8 @@
 - ``tests/search/test_engine_sql.py`` 检查每个文件都被迁移按校验和钉住，并把数据库里活的函数、触发器与表
   和这些文件逐一比较，漂移会被测出来。
 - 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；v1 就是这样来的：
-  ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。v2 由 ``search.0008_fulltext_segments`` 应用。
+  ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。v2 由 ``search.0008_fulltext_segments`` 应用，
+  v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用。
 
 查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。

@@ -29,7 +29,7 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
-from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, read_segment
+from raglib.lexicon import Entry, SegmentRows, build_segment, decode_dictionary_block, prefix_dfs, read_segment
 from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
 
 # 相邻的这么多个同层段并成一个
@@ -184,6 +184,11 @@ def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: Segme
                        " SELECT %s, %s, f, d FROM unnest(%s::text[], %s::bytea[]) AS r(f, d)",
                        [kb_id, segment.segment_id, [first for first, _ in rows.dictionary],
                         [data for _, data in rows.dictionary]])
+    if rows.prefixes:
+        cursor.execute("INSERT INTO fulltext_prefixes (knowledge_base_id, segment_id, prefix, df)"
+                       " SELECT %s, %s, p, d FROM unnest(%s::text[], %s::int[]) AS r(p, d)",
+                       [kb_id, segment.segment_id, [prefix for prefix, _ in rows.prefixes],
+                        [df for _, df in rows.prefixes]])
     if rows.blocks:
         cursor.execute("INSERT INTO fulltext_blocks (knowledge_base_id, segment_id, lexeme, block_no, data)"
                        " SELECT %s, %s, l, n, d FROM unnest(%s::text[], %s::int[], %s::bytea[]) AS r(l, n, d)",
@@ -301,6 +306,8 @@ def _delete_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int]) -> None:
     cursor.execute("DELETE FROM fulltext_blocks WHERE knowledge_base_id = %s AND segment_id = ANY(%s)", [kb_id, ids])
     cursor.execute("DELETE FROM fulltext_dictionary WHERE knowledge_base_id = %s AND segment_id = ANY(%s)",
                    [kb_id, ids])
+    cursor.execute("DELETE FROM fulltext_prefixes WHERE knowledge_base_id = %s AND segment_id = ANY(%s)",
+                   [kb_id, ids])
     cursor.execute("DELETE FROM fulltext_segments WHERE knowledge_base_id = %s AND segment_id = ANY(%s)", [kb_id, ids])
 
 
@@ -413,12 +420,19 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
         deleted = cursor.fetchall()
         lexemes, postings = _read_segments(cursor, kb_id, [s.segment_id for s in _segments(cursor, kb_id)])
         dictionary_dfs = _dictionary_dfs(cursor, kb_id)
+        cursor.execute("SELECT prefix, sum(df) FROM fulltext_prefixes WHERE knowledge_base_id = %s GROUP BY prefix",
+                       [kb_id])
+        stored_prefixes = {prefix: int(df) for prefix, df in cursor.fetchall()}
         cursor.execute("SELECT lexeme, count FROM fulltext_deleted_terms WHERE knowledge_base_id = %s", [kb_id])
         folded_terms = {lexeme: int(count) for lexeme, count in cursor.fetchall()}
         cursor.execute("SELECT x, count(*) FROM fulltext_deleted CROSS JOIN LATERAL unnest(lexemes) x"
                        " WHERE knowledge_base_id = %s AND folded GROUP BY x", [kb_id])
         if folded_terms != {lexeme: int(count) for lexeme, count in cursor.fetchall()}:
             problems.append("fulltext_deleted_terms != the folded rows of fulltext_deleted")
+    summed = dict(prefix_dfs(Entry(lexeme, df, None) for lexeme, df in dictionary_dfs.items()))
+    problems += [f"prefix df({prefix!r}) stored {stored_prefixes.get(prefix)} != dictionary {summed.get(prefix)}"
+                 for prefix in sorted(set(stored_prefixes) | set(summed))
+                 if stored_prefixes.get(prefix) != summed.get(prefix)][:20]
     chunk_ids = [int(row[0]) for row in l0] + [chunk for chunk, _ in docs.values()]
     if sorted(chunk_ids) != sorted(int(row[0]) for row in chunks):
         problems.append(f"indexed chunks {len(chunk_ids)} (distinct {len(set(chunk_ids))}) != searchable chunks"

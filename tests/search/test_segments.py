@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import io
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
 from ops.tasks import compact_fulltext
 from raglib import analysis
-from search import segments
+from raglib.bm25 import allot_postings, score_terms
+from search import bm25, segments
 from search.retrieval import fulltext_search
 from tests.sample_docs import MEDICAL_TEXTS
 
@@ -151,12 +153,64 @@ def test_upgrade_backfill_puts_existing_chunks_into_l0(in_l0: KnowledgeBase) -> 
     expected = _results(in_l0)
     with connection.cursor() as cursor:
         for table in ("fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_blocks", "fulltext_dictionary",
-                      "fulltext_segments"):
+                      "fulltext_prefixes", "fulltext_segments"):
             cursor.execute(f"DELETE FROM {table} WHERE knowledge_base_id = %s", [in_l0.id])
         cursor.execute(importlib.import_module("search.migrations.0008_fulltext_segments").BACKFILL_SQL)
     assert _count("fulltext_l0", in_l0) == DocumentChunk.objects.filter(knowledge_base=in_l0).count()
     assert segments.mismatches(in_l0.id) == []
     assert _results(in_l0) == expected
+
+
+@pytest.mark.django_db
+def test_prefix_dfs_are_written_with_each_segment_and_backfilled_by_0009(in_l0: KnowledgeBase) -> None:
+    """每个段按首字汇总的 df 随段写出、随并段换掉；迁移 search.0009 给已有的段回填出同样的行。"""
+    segments.compact(in_l0.id, batch=3)
+    segments.merge_all(in_l0.id)
+    segments.compact(in_l0.id, batch=2)  # 再写几段（没有可合并的，段照旧）
+
+    def rows() -> list[tuple[Any, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT segment_id, prefix, df FROM fulltext_prefixes WHERE knowledge_base_id = %s"
+                           " ORDER BY 1, 2", [in_l0.id])
+            return cursor.fetchall()
+
+    written = rows()
+    assert written and {row[1] for row in written} >= {"肝", "高"}
+    assert segments.mismatches(in_l0.id) == []
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM fulltext_prefixes WHERE knowledge_base_id = %s", [in_l0.id])
+    backfill = importlib.import_module("search.migrations.0009_fulltext_prefixes").backfill
+    backfill(None, SimpleNamespace(connection=connection))
+    assert rows() == written
+
+
+@pytest.mark.django_db
+def test_a_prefix_term_reads_dictionary_blocks_only_when_its_postings_are_read(
+        in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """孤立的单字（前缀词）的 df 来自按首字的汇总；只有额度里要读它的倒排时才去取以它开头的词典块。"""
+    segments.compact(in_l0.id)
+    asked: list[tuple[str, bool]] = []
+    real = bm25._dictionary_entries
+
+    def recording(cursor: Any, kb_id: Any, keys: Any) -> Any:
+        asked.extend(keys)
+        return real(cursor, kb_id, keys)
+
+    monkeypatch.setattr(bm25, "_dictionary_entries", recording)
+    query = analysis.parse_query("乙肝病毒 肝", analyzer="bigram")
+    assert ("肝", True) in {(t.lexeme, t.prefix) for t in query.terms}
+    read: dict[int, bool] = {}
+    for budget in (100_000, 3):
+        settings.BM25_MAX_POSTINGS = budget
+        asked.clear()
+        hits = fulltext_search(in_l0, query, SearchFilters(), limit=20).hits
+        statistics = bm25.load_statistics(in_l0.id, query.terms)
+        reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, bm25._bm25_params()), budget)
+        read[budget] = any(one.scored.term.prefix for one in reads)
+        assert (("肝", True) in asked) == read[budget], (budget, asked)
+        assert hits
+    # 额度充足时读它的倒排（取了词典块）；额度 3 时读不起：前缀词跳过，也没有为它取词典块
+    assert read == {100_000: True, 3: False}
 
 
 @pytest.mark.django_db
