@@ -641,7 +641,7 @@ def record_failure(job: Job, failure: Failure, retry_in: int | None) -> None:
 
 
 def put_back(job: Job) -> None:
-    """作业回到队列（worker 停止或死亡、做完再做一次）：清掉阶段，运行中的重新索引退回排队。"""
+    """作业回到队列（worker 停止或死亡、等重试、做完再做一次）：清掉阶段，运行中的重新索引退回排队。"""
     Document.objects.filter(pk=job.target_id).update(stage="", updated_at=timezone.now())
     Document.objects.filter(pk=job.target_id, reindex_status=Document.Reindex.RUNNING).update(
         reindex_status=Document.Reindex.QUEUED)

@@ -105,7 +105,7 @@ class JobKind:
       队列共享（``infra.broker``）与 django-q2 的任务记录都按它区分种类；
     - ``execute``：做一次尝试；正常返回即完成，失败抛 ``JobFailed``，对象不在了抛 ``JobCancelled``；
     - ``record_failure(job, failure, retry_in)``：把失败写到对象上给用户看（``retry_in`` 为 None 表示不再重试）；
-    - ``put_back(job)``：作业回到队列（worker 停止或死亡、做完再做一次）时，清掉对象上“正在做”的痕迹；
+    - ``put_back(job)``：作业回到队列（worker 停止或死亡、等重试、做完再做一次）时，清掉对象上“正在做”的痕迹；
     - ``concurrency(job)``：同一种类、同一队列里同时运行的上限（None 不限）。
     """
 
@@ -405,6 +405,7 @@ def _fail_or_retry(run: JobRun, kind: JobKind, failure: Failure) -> None:
             job.run_after = job.pushed_at = timezone.now() + timedelta(seconds=delay)
             job.save()
             kind.record_failure(job, failure, delay)
+            kind.put_back(job)
             _push(job, at=job.run_after)
             metrics.JOB_RETRIES.labels(kind=job.kind).inc()
             logger.warning("job_retry_scheduled", error=failure.message, delay_s=delay, attempt=job.attempt)

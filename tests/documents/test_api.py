@@ -256,6 +256,27 @@ def test_failed_reindex_keeps_previous_chunks_searchable(client_rw, kb_factory, 
     assert list(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True)) == before
 
 
+def test_reindex_waiting_for_a_retry_shows_as_queued(client_rw, kb_factory, run_on_commit, fake_embedder, monkeypatch):
+    """重新索引遇到暂时性失败：等重试期间显示 queued（不是 running）与重试时间，旧分块照常可检索；重试成功后结束。"""
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    chunks = DocumentChunk.objects.filter(document_id=document_id).count()
+    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: FakeEmbedder(
+        fail=EmbeddingError("model server returned 503", transient=True)))
+    # 换一种分块：重新索引要算新向量
+    Document.objects.filter(pk=document_id).update(chunking={"strategy": "token", "chunk_size": 64, "overlap": 0})
+    run_on_commit(client_rw.post, f"/documents/{document_id}/reindex")
+    detail = client_rw.get(f"/documents/{document_id}").json()
+    assert (detail["status"], detail["reindex_status"], detail["attempts"]) == ("completed", "queued", 1)
+    assert detail["next_retry_at"] is not None and detail["stage"] == ""
+    assert DocumentChunk.objects.filter(document_id=document_id).count() == chunks
+    monkeypatch.setattr(ingestion, "embedder", lambda provider, model: FakeEmbedder())
+    run_again(job_of(Document.objects.get(pk=document_id)))
+    detail = client_rw.get(f"/documents/{document_id}").json()
+    assert (detail["status"], detail["reindex_status"], detail["attempts"]) == ("completed", "", 2)
+    assert detail["next_retry_at"] is None
+
+
 def test_reindex_while_processing_is_busy(client_rw, kb_factory):
     kb = kb_factory()
     document = Document.objects.create(knowledge_base=kb, filename="a.txt")
