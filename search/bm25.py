@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import uuid
@@ -393,6 +394,9 @@ def _trim(postings: Postings, slot_of: dict[int, int], reads: Sequence[TermRead]
                                                postings.body_tf[keep], postings.norms[keep])
 
 
+# 回表检查范围的第一批是 limit 的这么多倍（至少 _BM25_FIRST_MIN 个），第二批 _BM25_SHORTLIST 个，再不够才检查其余的
+_BM25_FIRST_BATCH = 3
+_BM25_FIRST_MIN = 30
 _BM25_SHORTLIST = 400
 
 
@@ -409,16 +413,20 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
               scores: np.ndarray, l0_chunks: Sequence[int], limit: int) -> list[PathHit]:
     """候选（段里的序号或 L0 的负键）按分数从高到低换成分块 id、回表检查范围，取前 ``limit`` 个。
 
-    先只检查分数最高的一批：长问题会命中上千个分块，逐个回表占全文一路一半的时间。范围内的结果不够 limit 且确实
-    有候选被这一批截掉时，再检查其余的——结果与一次做完全相同。同分按分块 id 升序。
+    由小到大分批检查分数最高的候选：长问题会命中上千个分块，逐个换 id、回表占全文一路一半的时间，而没有过滤条件时
+    前几十个就够了；范围内的结果不够 limit 时才检查下一批（几百个），再不够才检查其余的——结果与一次做完全相同。
+    同分按分块 id 升序：同分的候选不拆到两批里（拆开就可能把 id 更小的那个留到下一批）。
     """
     order = np.lexsort((docs, -scores))
-    shortlist = max(limit * 4, _BM25_SHORTLIST)
+    negated = -scores[order]  # 按候选次序是升序的：二分找同分段的末尾
+    bounds = [0]
+    for size in (max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN), max(limit * 4, _BM25_SHORTLIST), len(order)):
+        end = min(size, len(order))
+        if end > bounds[-1]:
+            bounds.append(int(np.searchsorted(negated, negated[end - 1], side="right")))
     hits: list[PathHit] = []
-    for start in (0, shortlist):
-        batch = order[start:shortlist] if start == 0 else order[shortlist:]
-        if not len(batch):
-            break
+    for start, end in itertools.pairwise(bounds):
+        batch = order[start:end]
         keys = docs[batch]
         ordinals = [int(key) for key in keys if key >= 0]
         cursor.execute("SELECT ordinal, chunk_id FROM fulltext_docs WHERE knowledge_base_id = %s"

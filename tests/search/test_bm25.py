@@ -38,7 +38,7 @@ def parse_query(query: str) -> ParsedQuery:
 
 # 全文引擎的每一张表（都以 knowledge_base_id 开头）
 FULLTEXT_TABLES = ("fulltext_kb_stats", "fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_deleted_terms",
-                   "fulltext_segments", "fulltext_dictionary", "fulltext_blocks")
+                   "fulltext_segments", "fulltext_dictionary", "fulltext_prefixes", "fulltext_blocks")
 
 TEXTS = MEDICAL_TEXTS
 
@@ -406,6 +406,28 @@ def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: Knowl
     # 没有过滤时，先取一批的结果与全部打分的前几名相同
     assert [h.chunk_id for h in fulltext_search(medical, query, SearchFilters(), limit=2).hits] == [
         h.chunk_id for h in everything[:2]]
+
+
+@pytest.mark.django_db
+def test_batches_of_the_scope_check_never_split_tied_candidates(kb_factory: Any, fake_embedder: Any,
+                                                               django_capture_on_commit_callbacks: Any,
+                                                               monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """回表检查范围分批做，批的边界落在一串同分的候选中间时延到这串的末尾：同分按分块 id 升序，与一次做完相同。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 10_000
+    kb = kb_factory()
+    for i in range(6):  # 同一段文字六份：分数相同
+        _upload(kb, f"dup{i}.txt", TEXTS[0], django_capture_on_commit_callbacks)
+    _upload(kb, "other.txt", TEXTS[1], django_capture_on_commit_callbacks)
+    # 留在 L0：L0 的候选键按分块 id 倒着排（-1 - 下标），同分时候选次序与 id 次序相反，拆批就会出错
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM fulltext_l0 WHERE knowledge_base_id = %s", [kb.id])
+        assert cursor.fetchone()[0] == 7
+    query = parse_query("高血压 饮食")
+    whole = [(h.chunk_id, h.value) for h in fulltext_search(kb, query, SearchFilters(), limit=4).hits]
+    assert len({value for _, value in whole}) == 1 and [c for c, _ in whole] == sorted(c for c, _ in whole)
+    for name, value in (("_BM25_FIRST_BATCH", 0), ("_BM25_FIRST_MIN", 1), ("_BM25_SHORTLIST", 2)):
+        monkeypatch.setattr(bm25, name, value)
+    assert [(h.chunk_id, h.value) for h in fulltext_search(kb, query, SearchFilters(), limit=4).hits] == whole
 
 
 @pytest.mark.django_db
