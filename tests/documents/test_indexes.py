@@ -32,7 +32,7 @@ def test_no_btree_index_is_a_prefix_of_another_on_the_same_table() -> None:
 
 def test_every_fulltext_table_leads_with_the_knowledge_base() -> None:
     # 分区或 Citus 按知识库分布时，一个知识库的全文行落在一起：每张全文表的主键都以 knowledge_base_id 开头
-    # （docs/DEPLOYMENT.md；search/sql/fulltext_storage.v2.sql）
+    # （docs/DEPLOYMENT.md；search/sql/fulltext_storage.v2.sql 与 v3）
     with connection.cursor() as cursor:
         cursor.execute("""
             SELECT c.relname, a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
@@ -40,5 +40,5 @@ def test_every_fulltext_table_leads_with_the_knowledge_base() -> None:
             WHERE starts_with(c.relname, 'fulltext_') AND c.relkind = 'r' AND i.indisprimary
         """)
         leading = dict(cursor.fetchall())
-    assert len(leading) == 8
+    assert len(leading) == 9
     assert set(leading.values()) == {"knowledge_base_id"}
