@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import math
 import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from django.conf import settings as django_settings
 from django.db import close_old_connections, connection
@@ -406,6 +408,21 @@ def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: Knowl
     # 没有过滤时，先取一批的结果与全部打分的前几名相同
     assert [h.chunk_id for h in fulltext_search(medical, query, SearchFilters(), limit=2).hits] == [
         h.chunk_id for h in everything[:2]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_scope_check_batches_are_the_full_ranking_cut_at_ties(seed: int) -> None:
+    """分批给出的下标连起来就是完整排序（分数降序、键升序），每批的末尾都不在同分段中间。"""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    scores = rng.integers(0, 40, n).astype(np.float64) / 7  # 大量同分
+    docs = rng.permutation(n).astype(np.int64) - n // 3  # 段里的序号与 L0 的负键混在一起
+    limit = int(rng.integers(1, 30))
+    batches = list(bm25._batches(docs, scores, limit))
+    assert np.array_equal(np.concatenate(batches), np.lexsort((docs, -scores)))
+    assert len(batches[0]) >= min(n, max(limit * bm25._BM25_FIRST_BATCH, bm25._BM25_FIRST_MIN))
+    for earlier, later in itertools.pairwise(batches):
+        assert scores[earlier[-1]] > scores[later[0]]
 
 
 @pytest.mark.django_db
