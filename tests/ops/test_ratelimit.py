@@ -91,7 +91,8 @@ def test_postgres_bucket_never_overgrants_under_concurrency():
 @pytest.mark.django_db
 def test_postgres_bucket_refills_at_the_configured_rate():
     store = PostgresBucketStore()
-    # 每秒 5 个：一个令牌 200 ms 才补回来，机器再忙，四次 take 之间也不会隔这么久（以前每秒 50 个、20 ms，负载高时偶尔失败）
+    # 每秒 5 个：一个令牌 200 ms 才补回来，机器再忙，四次 take 之间也不会隔这么久
+    # （以前每秒 50 个、20 ms，负载高时偶尔失败）
     assert [store.take("key:refill", rate=5.0, burst=2).allowed for _ in range(3)] == [True, True, False]
     denied = store.take("key:refill", rate=5.0, burst=2)
     assert not denied.allowed and 0 < denied.retry_after <= 0.2
