@@ -33,6 +33,7 @@ import numpy as np
 import structlog
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from documents.models import Document, DocumentChunk
@@ -621,11 +622,12 @@ def record_failure(job: Job, failure: Failure, retry_in: int | None) -> None:
                      f"({job.attempt} attempts); giving up")
         else:
             words = failure.message + attempt_words(job, failure, retry_in)
-        document.stage = ""
         if retry_in is not None:
+            # 阶段与重新索引的状态由随后的 put_back 清回排队（执行器在安排重试时调用）
             document.error_message = words[:4000]
-            document.save(update_fields=["error_message", "stage", "updated_at"])
+            document.save(update_fields=["error_message", "updated_at"])
             return
+        document.stage = ""
         if document.status == Document.Status.COMPLETED:
             # 重新索引失败：旧分块保持可检索，文档仍是 completed
             words = f"Re-indexing failed; the previous chunks are still served. {words}"
@@ -642,9 +644,10 @@ def record_failure(job: Job, failure: Failure, retry_in: int | None) -> None:
 
 def put_back(job: Job) -> None:
     """作业回到队列（worker 停止或死亡、等重试、做完再做一次）：清掉阶段，运行中的重新索引退回排队。"""
-    Document.objects.filter(pk=job.target_id).update(stage="", updated_at=timezone.now())
-    Document.objects.filter(pk=job.target_id, reindex_status=Document.Reindex.RUNNING).update(
-        reindex_status=Document.Reindex.QUEUED)
+    Document.objects.filter(pk=job.target_id).update(
+        stage="", updated_at=timezone.now(),
+        reindex_status=Case(When(reindex_status=Document.Reindex.RUNNING, then=Value(Document.Reindex.QUEUED)),
+                            default=F("reindex_status")))
 
 
 def _concurrency(job: Job) -> int | None:
