@@ -16,7 +16,8 @@
    比值才不被表的增长带偏。
 2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
 3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``），另列 tsvector 列
-   （``sum(pg_column_size(search_vector))``）与它的 GIN 索引；都除以分块数。
+   （``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，旧代码树上才有）；
+   都除以分块数。
 4. 查询：``fulltext_search``（BM25，limit 10，含 ``parse_query``）先预热 20 个，再计时 ``--queries`` 个。
 5. Lucene：同一批文本与查询交给另一个装了 pyserini 的解释器（``--lucene-python``；pyserini 要 Java 21 与它自己的
    一堆依赖，不装进项目的 .venv）：Anserini ``IndexCollection -language zh``（CJKAnalyzer 的字 bigram，不存位置）

@@ -235,20 +235,11 @@ def grow_large(source: KnowledgeBase, copies: int) -> KnowledgeBase:
     """
     large = _kb("bench-fulltext-1m")
     started = time.perf_counter()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'document_chunks_fts_gin'")
-        (gin,) = cursor.fetchone()
-        cursor.execute("DROP INDEX document_chunks_fts_gin")
     with _without_triggers() as cursor:
         for copy in range(1, copies + 1):
             _copy_rows(cursor, source, large, copy, documents="TRUE", vectors=False)
             print(f"  copied {copy}/{copies}", flush=True)
     print(f"  复制分块 {time.perf_counter() - started:.0f} s", flush=True)
-    started = time.perf_counter()
-    with connection.cursor() as cursor:
-        cursor.execute("SET maintenance_work_mem = '2GB'")
-        cursor.execute(gin)
-    print(f"  重建 GIN {time.perf_counter() - started:.0f} s", flush=True)
     started = time.perf_counter()
     build_statistics([large])
     print(f"  全文索引（L0 + 合并成段）与 VACUUM {time.perf_counter() - started:.0f} s；{_sizes()}", flush=True)

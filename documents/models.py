@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.contrib.postgres.indexes import GinIndex, OpClass
+from django.contrib.postgres.indexes import OpClass
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Q
@@ -140,7 +140,9 @@ class DocumentChunk(models.Model):
     token_count = models.PositiveIntegerField("token 数", default=0)
     # 文本的 SHA-256：重新索引时文本未变的分块直接复用旧向量
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
-    # 由 raglib.analysis.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关
+    # 由 raglib.analysis.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关。
+    # 它是分块的正向索引：触发器由它写 L0，短语/布尔/exact 查询与补分数逐行读它。没有 GIN 索引：BM25 从段与 L0
+    # 找候选，不按 tsquery 扫全库；GIN 在 10 万块时每块占约 2 KB、每写一块多花约 1 ms，却没有查询用得上
     search_vector = SearchVectorField("全文索引", null=True, blank=True)
     # search_vector 里的词数（标题 + 正文）：BM25 的文档长度；知识库级统计由数据库触发器维护（见 search.bm25）
     search_length = models.PositiveIntegerField("全文词数", db_default=0)
@@ -163,7 +165,6 @@ class DocumentChunk(models.Model):
             models.Index(fields=["knowledge_base"], name="document_chunks_kb_idx"),
             models.Index(fields=["parent"], name="document_chunks_parent_idx"),
             *[hnsw_index(dim) for dim in SUPPORTED_DIMENSIONS],
-            GinIndex(fields=["search_vector"], name="document_chunks_fts_gin"),
         ]
 
     def __str__(self) -> str:

@@ -383,7 +383,8 @@ FULLTEXT_ANALYZER = env_str(
     "改动后运行 manage.py rebuild_fulltext",
     choices=("bigram", "jieba", "jieba_bigram"))
 FULLTEXT_RANKING = env_str("RAG_FULLTEXT_RANKING", "bm25",
-                           "全文检索排序：bm25（知识库级 IDF 与长度归一，默认）或 ts_rank_cd（PostgreSQL 内置）",
+                           "全文检索排序：bm25（知识库级 IDF 与长度归一，默认）"
+                           "或 ts_rank_cd（PostgreSQL 内置，逐块匹配，只适合小库与对照）",
                            choices=("bm25", "ts_rank_cd"))
 BM25_K1 = env_float("RAG_BM25_K1", 0.9, "BM25 的词频饱和参数 k1", minimum=0.0)
 BM25_B = env_float("RAG_BM25_B", 0.4, "BM25 的长度归一参数 b（0~1）", minimum=0.0)

@@ -18,8 +18,9 @@
   永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
 - **打分在服务里**（:mod:`search.bm25`）：取查询词的词典条目与额度内的倒排块，numpy 解码、打分、去掉删除集，前若干名
   换成分块 id 再回表检查范围。短语、布尔、exact 查询另外要求分块满足 ``search_vector @@ tsquery``
-  （tsvector 与 GIN 保留）。查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，
-  只有额度里要读它的倒排时才取以它开头的词典块（常用字开头的词位有上千个）。
+  （回表时逐行检查；tsvector 保留，它的 GIN 在 ``documents.0011`` 删掉了，没有查询用得上）。
+  查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，只有额度里要读它的倒排时
+  才取以它开头的词典块（常用字开头的词位有上千个）。
 
 ## 引擎的 SQL 在哪里
 
