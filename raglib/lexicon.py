@@ -165,9 +165,15 @@ def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
     return SegmentRows(encode_dictionary(entries), rows, prefix_dfs(entries))
 
 
-def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]]) -> tuple[list[str], Postings]:
-    """:func:`build_segment` 的逆：一个段的全部词典块与倒排块 (lexeme, data) → (词位表, 倒排)，合并时用。"""
-    entries = [entry for data in dictionary for entry in decode_dictionary_block(data)]
+def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]], *,
+                 low: str | None = None, high: str | None = None) -> tuple[list[str], Postings]:
+    """:func:`build_segment` 的逆：一个段的词典块与倒排块 (lexeme, data) → (词位表, 倒排)，合并时用。
+
+    给了 ``low`` / ``high`` 时只要词位在 [low, high) 里的（并段按词位分片读，跨片边界的词典块两片都会读到）；
+    ``blocks`` 应当已按同样的范围取好。
+    """
+    entries = [entry for data in dictionary for entry in decode_dictionary_block(data)
+               if (low is None or entry.lexeme >= low) and (high is None or entry.lexeme < high)]
     # Python 的字符串按码点比较，与 UTF-8 字节序（"C" 排序规则）一致
     lexemes = sorted({entry.lexeme for entry in entries})
     index = {lexeme: i for i, lexeme in enumerate(lexemes)}

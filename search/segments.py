@@ -5,6 +5,7 @@
 - 写入分块时触发器只往 ``fulltext_l0`` 追加一行（``fulltext_stats_maintain.v2.sql``）；
 - :func:`compact` 在一个事务里取走一个知识库 L0 的一批行，按顺序分配稠密的 int4 序号，编成一个新段
   （词典块 + 倒排块，字节格式见 :mod:`raglib.lexicon`、:mod:`raglib.postings`），再按合并策略并掉相邻的小段；
+  并段按词位分片（约每 ``_SLICE_DOCS`` 个分块一片）读各段、编好一片写一片，进程内存与并出的段多大无关；
 - 删除已合并的分块只在 ``fulltext_deleted`` 记一行；每次合并把新的删除按词折叠进 ``fulltext_deleted_terms``
   （查询修正 df 时一个词一次主键查找），段被合并时，落在它序号范围里的删除一并清掉、计数减回去。
 
@@ -19,6 +20,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid
 from collections.abc import Sequence
@@ -36,11 +38,15 @@ from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
 MERGE_FACTOR = 8
 # 第 0 层的上界（分块数）：比这小的段都算同一层
 _BASE_DOCS = 1000
-# 并出来的段最多这么多个分块（Lucene 的 maxMergedSegmentMB）：合并把几个段的倒排整个读进内存再重编，
-# 段再大就既占内存又要很久；更大的知识库由多个这样的段组成，查询逐段读
+# 并出来的段最多这么多个分块（Lucene 的 maxMergedSegmentMB）：并段按词位分片读写，内存与段多大无关，
+# 但一次并段是一个事务、持着知识库统计行的锁（这期间这个库的合并都等着），段再大就要很久；
+# 更大的知识库由多个这样的段组成，查询逐段读
 _MAX_MERGED_DOCS = 200_000
 # 段内被删的分块超过这个比例就单独重写
 _PURGE_RATIO = 0.1  # 见模块说明的合并策略
+# 并段按词位分片读、写：一片约是这么多个分块的倒排。进程内存只与一片有关，与并出的段多大无关
+# （整段读进内存时并 10 万块要 3.5 GB，分片后约 1 GB，bench/pages/fulltext_engine.md）
+_SLICE_DOCS = 20_000
 
 
 @dataclass(frozen=True)
@@ -179,21 +185,29 @@ def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: Segme
     cursor.execute("INSERT INTO fulltext_segments (knowledge_base_id, segment_id, first_ordinal, end_ordinal,"
                    " doc_count) VALUES (%s, %s, %s, %s, %s)",
                    [kb_id, segment.segment_id, segment.first, segment.end, segment.docs])
+    _write_terms(cursor, kb_id, segment.segment_id, rows)
+    _write_prefixes(cursor, kb_id, segment.segment_id, rows.prefixes)
+
+
+def _write_terms(cursor: Any, kb_id: uuid.UUID, segment_id: int, rows: SegmentRows) -> None:
+    """一个段（或它的一片词位）的词典块与倒排块。"""
     if rows.dictionary:
         cursor.execute("INSERT INTO fulltext_dictionary (knowledge_base_id, segment_id, first_lexeme, data)"
                        " SELECT %s, %s, f, d FROM unnest(%s::text[], %s::bytea[]) AS r(f, d)",
-                       [kb_id, segment.segment_id, [first for first, _ in rows.dictionary],
+                       [kb_id, segment_id, [first for first, _ in rows.dictionary],
                         [data for _, data in rows.dictionary]])
-    if rows.prefixes:
-        cursor.execute("INSERT INTO fulltext_prefixes (knowledge_base_id, segment_id, prefix, df)"
-                       " SELECT %s, %s, p, d FROM unnest(%s::text[], %s::int[]) AS r(p, d)",
-                       [kb_id, segment.segment_id, [prefix for prefix, _ in rows.prefixes],
-                        [df for _, df in rows.prefixes]])
     if rows.blocks:
         cursor.execute("INSERT INTO fulltext_blocks (knowledge_base_id, segment_id, lexeme, block_no, data)"
                        " SELECT %s, %s, l, n, d FROM unnest(%s::text[], %s::int[], %s::bytea[]) AS r(l, n, d)",
-                       [kb_id, segment.segment_id, [row[0] for row in rows.blocks], [row[1] for row in rows.blocks],
+                       [kb_id, segment_id, [row[0] for row in rows.blocks], [row[1] for row in rows.blocks],
                         [row[2] for row in rows.blocks]])
+
+
+def _write_prefixes(cursor: Any, kb_id: uuid.UUID, segment_id: int, prefixes: Sequence[tuple[str, int]]) -> None:
+    if prefixes:
+        cursor.execute("INSERT INTO fulltext_prefixes (knowledge_base_id, segment_id, prefix, df)"
+                       " SELECT %s, %s, p, d FROM unnest(%s::text[], %s::int[]) AS r(p, d)",
+                       [kb_id, segment_id, [prefix for prefix, _ in prefixes], [df for _, df in prefixes]])
 
 
 # ---------------------------------------------------------------- 并段与清除删除
@@ -290,11 +304,21 @@ def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_
         [kb_id, first, end, kb_id])
     purged = cursor.fetchall()
     cursor.execute("DELETE FROM fulltext_deleted_terms WHERE knowledge_base_id = %s AND count <= 0", [kb_id])
-    lexemes, postings = _read_segments(cursor, kb_id, ids)
-    postings = postings.without_docs(np.array([row[0] for row in purged], dtype=np.int64))
-    _delete_segments(cursor, kb_id, ids)
+    gone = np.array([row[0] for row in purged], dtype=np.int64)
     docs = sum(segment.docs for segment in segments) - len(purged)
-    _write_segment(cursor, kb_id, _Segment(segment_id, first, end, docs), build_segment(lexemes, postings))
+    # 按词位分片：每片读各段里这一片的词典块与倒排块，编好写出，再读下一片。新段的词典块在片的边界断开，
+    # 查找一个词（first_lexeme ≤ 它的最后一块）照样找得到；按首字的 df 跨片累加，最后写
+    prefixes: dict[str, int] = {}
+    for low, high in _slices(cursor, kb_id, segments):
+        lexemes, postings = _read_segments(cursor, kb_id, ids, low, high)
+        rows = build_segment(lexemes, postings.without_docs(gone))
+        _write_terms(cursor, kb_id, segment_id, rows)
+        for prefix, df in rows.prefixes:
+            prefixes[prefix] = prefixes.get(prefix, 0) + df
+    _delete_segments(cursor, kb_id, ids)
+    cursor.execute("INSERT INTO fulltext_segments (knowledge_base_id, segment_id, first_ordinal, end_ordinal,"
+                   " doc_count) VALUES (%s, %s, %s, %s, %s)", [kb_id, segment_id, first, end, docs])
+    _write_prefixes(cursor, kb_id, segment_id, sorted(prefixes.items()))
     if purged:
         cursor.execute("UPDATE fulltext_kb_stats SET chunk_count = chunk_count - %s,"
                        " total_length = total_length - %s WHERE knowledge_base_id = %s",
@@ -311,16 +335,45 @@ def _delete_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int]) -> None:
     cursor.execute("DELETE FROM fulltext_segments WHERE knowledge_base_id = %s AND segment_id = ANY(%s)", [kb_id, ids])
 
 
-def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int]) -> tuple[list[str], Postings]:
-    """几个段的全部倒排，词位统一成一张表（下标即 ``Postings.terms``）。"""
+# 一个段里与词位范围 [low, high) 有交集的词典块、在范围里的倒排块（None 表示那一头无界；参数是字面量，
+# 规划器把 "NULL IS NULL OR …" 折成常量，主键上照样是范围扫描）
+_SLICE_DICTIONARY_SQL = (
+    "SELECT data FROM fulltext_dictionary d WHERE d.knowledge_base_id = %s AND d.segment_id = %s"
+    " AND d.first_lexeme >= coalesce((SELECT max(first_lexeme) FROM fulltext_dictionary"
+    "  WHERE knowledge_base_id = %s AND segment_id = %s AND first_lexeme <= %s::text), '')"
+    " AND (%s::text IS NULL OR d.first_lexeme < %s::text)")
+_SLICE_BLOCKS_SQL = (
+    "SELECT lexeme, data FROM fulltext_blocks WHERE knowledge_base_id = %s AND segment_id = %s"
+    " AND (%s::text IS NULL OR lexeme >= %s::text) AND (%s::text IS NULL OR lexeme < %s::text)")
+
+
+def _slices(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment]) -> list[tuple[str | None, str | None]]:
+    """并段的词位分片 [(low, high)]（low 含、high 不含，None 是无界）：约每 ``_SLICE_DOCS`` 个分块一片，
+    切点在这几个段的词典块首词里等距取。词典块大小相近，一片的倒排量大致均匀。"""
+    count = math.ceil(sum(segment.docs for segment in segments) / _SLICE_DOCS)
+    if count <= 1:
+        return [(None, None)]
+    cursor.execute("SELECT DISTINCT first_lexeme FROM fulltext_dictionary WHERE knowledge_base_id = %s"
+                   " AND segment_id = ANY(%s) ORDER BY first_lexeme",
+                   [kb_id, [segment.segment_id for segment in segments]])
+    firsts = [row[0] for row in cursor.fetchall()]
+    step = max(1, len(firsts) // count)
+    bounds: list[str | None] = [None, *firsts[step::step][:count - 1], None]
+    return list(itertools.pairwise(bounds))
+
+
+def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int], low: str | None = None,
+                   high: str | None = None) -> tuple[list[str], Postings]:
+    """几个段里词位在 [low, high) 的倒排（不给就是全部），词位统一成一张表（下标即 ``Postings.terms``）。
+
+    词典块取与这一段范围有交集的：首词小于 high，且不早于首词 ≤ low 的最后一块（low 所在的那块）。"""
     parts: list[tuple[list[str], Postings]] = []
     for segment_id in ids:
-        cursor.execute("SELECT data FROM fulltext_dictionary WHERE knowledge_base_id = %s AND segment_id = %s",
-                       [kb_id, segment_id])
+        cursor.execute(_SLICE_DICTIONARY_SQL, [kb_id, segment_id, kb_id, segment_id, low, high, high])
         dictionary = [bytes(row[0]) for row in cursor.fetchall()]
-        cursor.execute("SELECT lexeme, data FROM fulltext_blocks WHERE knowledge_base_id = %s AND segment_id = %s",
-                       [kb_id, segment_id])
-        parts.append(read_segment(dictionary, [(lexeme, bytes(data)) for lexeme, data in cursor.fetchall()]))
+        cursor.execute(_SLICE_BLOCKS_SQL, [kb_id, segment_id, low, low, high, high])
+        parts.append(read_segment(dictionary, [(lexeme, bytes(data)) for lexeme, data in cursor.fetchall()],
+                                  low=low, high=high))
     lexemes = sorted({lexeme for part_lexemes, _ in parts for lexeme in part_lexemes})
     index = {lexeme: i for i, lexeme in enumerate(lexemes)}
     remapped = []

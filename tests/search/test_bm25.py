@@ -261,6 +261,7 @@ def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operatio
     每一步之后存储的统计与倒排都等于按分块重算的，删掉的分块无论合并前后都不会被检索到。"""
     settings.FULLTEXT_L0_MAX_CHUNKS = 1000  # 合并只在 compact 步骤里发生
     monkeypatch.setattr(segments, "MERGE_FACTOR", 2)  # 两个段就并：短序列里也有并段与清除删除
+    monkeypatch.setattr(segments, "_SLICE_DOCS", 2)  # 并段按词位分成几片读写
     kb = kb_factory()
     documents: list[Document] = []
     gone: dict[int, str] = {}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 
 from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
@@ -242,3 +242,67 @@ def test_merge_all_respects_the_merged_segment_cap(in_l0: KnowledgeBase, monkeyp
         assert [row[0] for row in cursor.fetchall()] == [3, 3, 2]
     assert result.segments == 3 and result.merged == len(TEXTS)
     assert segments.mismatches(in_l0.id) == []
+
+
+def _segment_content(kb: KnowledgeBase) -> tuple[list[str], list[tuple[int, ...]], list[tuple[str, int]]]:
+    """知识库唯一一个段的逻辑内容：词位、每条倒排 (词位下标, 序号, 词频, 长度)、按首字的 df。与词典块怎么切无关。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT segment_id FROM fulltext_segments WHERE knowledge_base_id = %s", [kb.id])
+        (segment_id,) = [row[0] for row in cursor.fetchall()]
+        lexemes, postings = segments._read_segments(cursor, kb.id, [segment_id])
+        cursor.execute("SELECT prefix, df FROM fulltext_prefixes WHERE knowledge_base_id = %s ORDER BY prefix",
+                       [kb.id])
+        prefixes = [(prefix, int(df)) for prefix, df in cursor.fetchall()]
+    rows = sorted(zip(postings.terms.tolist(), postings.docs.tolist(), postings.title_tf.tolist(),
+                      postings.body_tf.tolist(), postings.norms.tolist(), strict=True))
+    return lexemes, rows, prefixes
+
+
+@pytest.mark.django_db
+def test_a_merge_read_and_written_slice_by_slice_equals_a_merge_in_one_piece(
+        in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:
+    """并段按词位分片读写（内存只与一片有关）：分成多片与一次读完并出的段逻辑上相同，检索结果与分数相同，
+    核对无差异；删掉的分块在两种并法里都被清出去；写到一半被杀的并段整个回滚。"""
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 100)
+    segments.compact(in_l0.id, batch=1)
+    doomed = Document.objects.filter(knowledge_base=in_l0).order_by("filename").first()
+    assert doomed is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        document_delete(principal=SYSTEM_PRINCIPAL, document_id=doomed.id)
+    with transaction.atomic():
+        segments.merge_all(in_l0.id)
+        whole = _segment_content(in_l0), _results(in_l0)
+        transaction.set_rollback(True)
+    slices: list[int] = []
+    real = segments._slices
+
+    def counted(*args: Any) -> Any:
+        found = real(*args)
+        slices.append(len(found))
+        return found
+
+    monkeypatch.setattr(segments, "_SLICE_DOCS", 1)  # 一个分块一片：切点取遍词典块
+    monkeypatch.setattr(segments, "_slices", counted)
+    # 写完第一片就被杀：整个并段回滚，各段原样、照常可查
+    real_write = segments._write_terms
+    written: list[int] = []
+
+    def killed_after_one(*args: Any) -> None:
+        if written:
+            raise RuntimeError("killed")
+        written.append(1)
+        real_write(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(segments, "_write_terms", killed_after_one)
+        with pytest.raises(RuntimeError):
+            segments.merge_all(in_l0.id)
+    assert _count("fulltext_segments", in_l0) > 1
+    assert _results(in_l0) == whole[1]
+    assert segments.mismatches(in_l0.id) == []
+    slices.clear()
+    segments.merge_all(in_l0.id)
+    assert slices and slices[0] > 1
+    assert (_segment_content(in_l0), _results(in_l0)) == whole
+    assert segments.mismatches(in_l0.id) == []
+    assert _count("fulltext_deleted", in_l0) == 0
