@@ -182,11 +182,15 @@ def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[l
 
 
 def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: SegmentRows) -> None:
+    _insert_segment(cursor, kb_id, segment)
+    _write_terms(cursor, kb_id, segment.segment_id, rows)
+    _write_prefixes(cursor, kb_id, segment.segment_id, rows.prefixes)
+
+
+def _insert_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment) -> None:
     cursor.execute("INSERT INTO fulltext_segments (knowledge_base_id, segment_id, first_ordinal, end_ordinal,"
                    " doc_count) VALUES (%s, %s, %s, %s, %s)",
                    [kb_id, segment.segment_id, segment.first, segment.end, segment.docs])
-    _write_terms(cursor, kb_id, segment.segment_id, rows)
-    _write_prefixes(cursor, kb_id, segment.segment_id, rows.prefixes)
 
 
 def _write_terms(cursor: Any, kb_id: uuid.UUID, segment_id: int, rows: SegmentRows) -> None:
@@ -316,8 +320,7 @@ def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_
         for prefix, df in rows.prefixes:
             prefixes[prefix] = prefixes.get(prefix, 0) + df
     _delete_segments(cursor, kb_id, ids)
-    cursor.execute("INSERT INTO fulltext_segments (knowledge_base_id, segment_id, first_ordinal, end_ordinal,"
-                   " doc_count) VALUES (%s, %s, %s, %s, %s)", [kb_id, segment_id, first, end, docs])
+    _insert_segment(cursor, kb_id, _Segment(segment_id, first, end, docs))
     _write_prefixes(cursor, kb_id, segment_id, sorted(prefixes.items()))
     if purged:
         cursor.execute("UPDATE fulltext_kb_stats SET chunk_count = chunk_count - %s,"
