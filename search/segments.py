@@ -38,7 +38,7 @@ from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
 MERGE_FACTOR = 8
 # 第 0 层的上界（分块数）：比这小的段都算同一层
 _BASE_DOCS = 1000
-# 并出来的段最多这么多个分块（Lucene 的 maxMergedSegmentMB）：并段按词位分片读写，内存与段多大无关，
+# 并出来的段最多这么多个分块（Lucene 的 maxMergedSegmentMB）：内存不是限制（见 _SLICE_DOCS），
 # 但一次并段是一个事务、持着知识库统计行的锁（这期间这个库的合并都等着），段再大就要很久；
 # 更大的知识库由多个这样的段组成，查询逐段读
 _MAX_MERGED_DOCS = 200_000

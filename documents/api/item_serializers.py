@@ -25,7 +25,16 @@ _RESERVED = {*ITEM_FIELDS, "external_id"}
     "additionalProperties": {},
 })
 class ItemMetadataField(serializers.DictField):
-    """条目的自由元数据：不能含条目的顶层字段名（校验在 :meth:`ItemWriteSerializer.validate_metadata`）。"""
+    """条目的自由元数据：不能含条目的顶层字段名，整体至多 16 KiB 的 JSON。规则与上面的 schema 在同一处。"""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        reserved = sorted(_RESERVED & set(value))
+        if reserved:
+            raise serializers.ValidationError(f"Use the top-level fields instead of metadata keys: {reserved}")
+        if len(json.dumps(value, ensure_ascii=False)) > 16_384:
+            raise serializers.ValidationError("metadata must be at most 16 KiB of JSON")
+        return value
 
 
 class ItemWriteSerializer(StrictSerializer):
@@ -41,13 +50,6 @@ class ItemWriteSerializer(StrictSerializer):
                                  help_text="自由键（JSON 标量或列表），复制到每个分块；不能含 title、domain、category、"
                                            "tags、external_id（它们是顶层字段）")
 
-    def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
-        reserved = sorted(_RESERVED & set(value))
-        if reserved:
-            raise serializers.ValidationError(f"Use the top-level fields instead of metadata keys: {reserved}")
-        if len(json.dumps(value, ensure_ascii=False)) > 16_384:
-            raise serializers.ValidationError("metadata must be at most 16 KiB of JSON")
-        return value
 
 
 
