@@ -159,15 +159,16 @@ class Postings:
     def __len__(self) -> int:
         return int(self.terms.shape[0])
 
-    def _select(self, keep: np.ndarray) -> Postings:
+    def select(self, keep: np.ndarray) -> Postings:
+        """按布尔掩码或下标取出一部分倒排。"""
         return Postings(*(getattr(self, f.name)[keep] for f in fields(self)))
 
     def without_docs(self, docs: np.ndarray) -> Postings:
         """去掉这些 doc 的倒排（删除或重建分块时，旧块里它们的倒排要剔除）。"""
-        return self._select(~np.isin(self.docs, docs))
+        return self.select(~np.isin(self.docs, docs)) if len(docs) else self
 
     def only_terms(self, terms: np.ndarray) -> Postings:
-        return self._select(np.isin(self.terms, terms))
+        return self.select(np.isin(self.terms, terms))
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@
 一次查询（都在一个 REPEATABLE READ 只读事务里，合并在中途提交也看不到半个段）：
 
 1. 统计行与 L0、删除集的计数；各段词典里查询词所在的词典块（每段每词一个，前缀词是一段）；
-2. L0 里含查询词的分块的词频（GIN 索引），删除集的序号；
+2. L0 里含查询词的分块的词频（GIN 索引），删除集的序号（统计行上的计数为 0 时都不读）；
 3. 由 df 算 IDF，按 :func:`raglib.bm25.allot_postings` 把 ``RAG_BM25_MAX_POSTINGS`` 条的读取额度分给各词：
    稀有词整条读（多半已内联在词典里），常见词只读影响力最高的几块；
 4. 在服务里用 numpy 解码、打分（:func:`raglib.postings.bm25_scores`），去掉删除集，取前若干名换成分块 id，
-   再回表检查检索范围（状态、过滤条件）。
+   再回表检查检索范围（状态、过滤条件）：没有过滤条件时先查 limit 个，不够再查下一批。
 
 各词的 df 之和不超过额度时（小知识库、具体的问题）结果与全量打分完全相同。
 """
@@ -114,7 +114,25 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         cursor.execute("SELECT prefix, sum(df) FROM fulltext_prefixes WHERE knowledge_base_id = %s"
                        " AND prefix = ANY(%s::text[]) GROUP BY prefix", [kb_id, prefixes])
         segment_dfs.update({(prefix, True): int(df) for prefix, df in cursor.fetchall()})
-    # L0：GIN 找含某个精确词的行；有前缀词时 L0 整个读（它只有几百到几千行）。按词位分组
+    # L0 与删除集：统计行的计数为 0 时不读（合并刚做完的库两者都空，省两次往返）
+    l0 = _l0_terms(cursor, kb_id, exact, prefixes) if int(row[2]) else {}
+    deleted = np.zeros(0, dtype=np.int64)
+    removed: dict[tuple[str, bool], int] = {}
+    if int(row[4]):
+        deleted, removed = _deleted_terms(cursor, kb_id, exact, prefixes)
+    dfs: dict[tuple[str, bool], int] = {}
+    for key in keys:
+        df = segment_dfs.get(key, 0) - removed.get(key, 0)
+        df += sum(len(rows) for _, rows in _l0_rows(l0, key))
+        if df > 0:
+            dfs[key] = df
+    statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
+    return _Snapshot(statistics, entries, l0, deleted)
+
+
+def _l0_terms(cursor: Any, kb_id: uuid.UUID, exact: list[str],
+              prefixes: list[str]) -> dict[str, list[tuple[int, int, int, int]]]:
+    """L0 里含查询词的行，按词位分组：GIN 找含某个精确词的行；有前缀词时 L0 整个读（它只有几百到几千行）。"""
     cursor.execute(
         # 查询词是一张表，与展开的词位做哈希连接：长问题有五六十个词，“= ANY(数组)”要逐个比较
         "SELECT u.lexeme, l.chunk_id, l.length, u.title_tf, u.body_tf FROM fulltext_l0 l"
@@ -127,7 +145,12 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
     l0: dict[str, list[tuple[int, int, int, int]]] = {}
     for lexeme, chunk_id, length, title, body in cursor.fetchall():
         l0.setdefault(lexeme, []).append((int(chunk_id), int(length), int(title), int(body)))
-    # 删除集：全部序号（主键上的仅索引扫描），以及每个查询词在其中出现的次数（从 df 里减掉）
+    return l0
+
+
+def _deleted_terms(cursor: Any, kb_id: uuid.UUID, exact: list[str],
+                   prefixes: list[str]) -> tuple[np.ndarray, dict[tuple[str, bool], int]]:
+    """删除集：全部序号（主键上的仅索引扫描），以及每个查询词在其中出现的次数（从 df 里减掉）。"""
     cursor.execute("SELECT ordinal FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
     deleted = np.array(sorted(int(row[0]) for row in cursor.fetchall()), dtype=np.int64)
     removed: dict[tuple[str, bool], int] = {}
@@ -149,14 +172,7 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
             [kb_id, exact, kb_id, _PREFIX_END, prefixes, kb_id, exact, exact, kb_id, prefixes])
         for lexeme, prefix, count in cursor.fetchall():
             removed[(lexeme, bool(prefix))] = removed.get((lexeme, bool(prefix)), 0) + int(count)
-    dfs: dict[tuple[str, bool], int] = {}
-    for key in keys:
-        df = segment_dfs.get(key, 0) - removed.get(key, 0)
-        df += sum(len(rows) for _, rows in _l0_rows(l0, key))
-        if df > 0:
-            dfs[key] = df
-    statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
-    return _Snapshot(statistics, entries, l0, deleted)
+    return deleted, removed
 
 
 def _dictionary_entries(cursor: Any, kb_id: uuid.UUID,
@@ -331,26 +347,21 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
         # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
         snapshot.entries.update(_dictionary_entries(
             cursor, kb_id, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
-        # 每个 (查询词, 词位) 一个编号：同一词位既是精确词又落在某个前缀词里时各算各的
-        slot_of: dict[int, int] = {}
+        # 倒排按查询词的位置（slot）标号：同一词位既是精确词又落在某个前缀词里时各算各的，前缀词的各词位共用一个号
+        # （打分时同一分块在一个位上的词频先相加再饱和）
         pairs: list[tuple[int, bytes]] = []
-        wanted: list[tuple[int, str, int, int]] = []  # (段号, 词位, 读几块, 编号)
-        l0_parts: list[tuple[int, int, int, int, int]] = []  # (编号, 分块 id, 词数, 标题词频, 正文词频)
+        wanted: list[tuple[int, str, int, int]] = []  # (段号, 词位, 读几块, 位)
+        l0_parts: list[tuple[int, int, int, int, int]] = []  # (位, 分块 id, 词数, 标题词频, 正文词频)
         for slot, read in enumerate(reads):
             key = (read.scored.term.lexeme, read.scored.term.prefix)
-            ids: dict[str, int] = {}
             for segment_id, entry in snapshot.entries.get(key, []):
-                number = ids.setdefault(entry.lexeme, len(slot_of))
-                slot_of[number] = slot
                 if entry.inline is not None:
-                    pairs.append((number, entry.inline))
+                    pairs.append((slot, entry.inline))
                     continue
                 share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
-                wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), number))
-            for lexeme, rows in _l0_rows(snapshot.l0, key):
-                number = ids.setdefault(lexeme, len(slot_of))
-                slot_of[number] = slot
-                l0_parts += [(number, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
+                wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), slot))
+            for _, rows in _l0_rows(snapshot.l0, key):
+                l0_parts += [(slot, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
         if wanted:
             cursor.execute(
                 "SELECT r.n, b.data FROM unnest(%s::int[], %s::text[], %s::int[], %s::int[]) AS r(s, l, k, n)"
@@ -359,7 +370,7 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
                 [[w[0] for w in wanted], [w[1] for w in wanted], [w[2] for w in wanted], [w[3] for w in wanted],
                  kb_id],
             )
-            pairs += [(int(number), bytes(data)) for number, data in cursor.fetchall()]
+            pairs += [(int(slot), bytes(data)) for slot, data in cursor.fetchall()]
         postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
         # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
         l0_chunks = sorted({part[1] for part in l0_parts})
@@ -371,33 +382,46 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
                 np.array([capped_tf(p[3]) for p in l0_parts], dtype=np.uint8),
                 np.array([capped_tf(p[4]) for p in l0_parts], dtype=np.uint8),
                 norm_bytes(np.array([p[2] for p in l0_parts], dtype=np.int64)))])
-        postings = _trim(postings, slot_of, reads)
-        docs, scores = bm25_scores(postings, slot_of, [r.scored.weight for r in reads], k1=params.k1, b=params.b,
+        postings = _trim(postings, reads)
+        docs, scores = bm25_scores(postings, {slot: slot for slot in range(len(reads))},
+                                   [r.scored.weight for r in reads], k1=params.k1, b=params.b,
                                    avgdl=statistics.avgdl, title_weight=params.title_weight)
         hits = _in_scope(cursor, kb_id, query, scope, docs, scores, l0_chunks, limit)
     return hits, statistics
 
 
-def _trim(postings: Postings, slot_of: dict[int, int], reads: Sequence[TermRead]) -> Postings:
+def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
     """截断读取的词只留影响力最高的 ``rows`` 条（同影响力按序号）：各段按比例多读的那一点、内联在词典里的整条，
-    都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。"""
+    都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。``postings.terms`` 是查询词的位。
+
+    要截的各位一起排一次序：(位, 影响力降序, 序号) 拼成一个 int64 键做稳定排序（同键的——前缀词里同一分块的
+    几个词位——保持读入的先后），每位取前 ``rows`` 个。
+    """
     if not len(postings):
         return postings
-    lookup = np.full(max(slot_of) + 1, -1, dtype=np.int64)
-    lookup[list(slot_of)] = list(slot_of.values())
-    slots = lookup[postings.terms]
+    counts = np.bincount(postings.terms, minlength=len(reads))
+    limits = np.array([read.rows if read.truncated else len(postings) for read in reads], dtype=np.int64)
+    over = np.flatnonzero(counts > limits)
+    if not over.size:
+        return postings
+    members = np.flatnonzero(np.isin(postings.terms, over))
+    slots = postings.terms[members].astype(np.int64)
+    # 序号是 int4、L0 的负键不到 2^31 个，减去最小值后装得进 32 位；影响力不到 2^15；
+    # 查询词至多 64 个（MAX_QUERY_LEXEMES），位号装得进余下的 16 位
+    docs = postings.docs[members] - postings.docs[members].min()
+    strength = impacts(postings.title_tf[members], postings.body_tf[members], postings.norms[members])
+    key = (slots << 47) | ((32767 - strength.astype(np.int64)) << 32) | docs
+    ranked = members[np.argsort(key, kind="stable")]
+    ranked_slots = postings.terms[ranked]
+    starts = np.flatnonzero(np.r_[True, ranked_slots[1:] != ranked_slots[:-1]])
+    rank = np.arange(len(ranked)) - np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))
     keep = np.ones(len(postings), dtype=bool)
-    strength = impacts(postings.title_tf, postings.body_tf, postings.norms)
-    for slot, read in enumerate(reads):
-        members = np.flatnonzero(slots == slot)
-        if read.truncated and len(members) > read.rows:
-            ranked = members[np.lexsort((postings.docs[members], -strength[members].astype(np.int64)))]
-            keep[ranked[read.rows:]] = False
-    return postings if keep.all() else Postings(postings.terms[keep], postings.docs[keep], postings.title_tf[keep],
-                                               postings.body_tf[keep], postings.norms[keep])
+    keep[ranked[rank >= limits[ranked_slots]]] = False
+    return postings.select(keep)
 
 
-# 回表检查范围的第一批是 limit 的这么多倍（至少 _BM25_FIRST_MIN 个），第二批 _BM25_SHORTLIST 个，再不够才检查其余的
+# 回表检查范围的第一批：有过滤条件（或短语、布尔、exact 查询）时是 limit 的这么多倍、至少 _BM25_FIRST_MIN 个，
+# 否则就是 limit 个；第二批 _BM25_SHORTLIST 个，再不够才检查其余的
 _BM25_FIRST_BATCH = 3
 _BM25_FIRST_MIN = 30
 _BM25_SHORTLIST = 400
@@ -412,15 +436,14 @@ def _array_literal(values: Iterable[Any]) -> str:
     return "{" + ",".join(str(value) for value in values) + "}"
 
 
-def _batches(docs: np.ndarray, scores: np.ndarray, limit: int) -> Iterator[np.ndarray]:
-    """候选按（分数降序, 键升序）分批给出下标：先 ``max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN)`` 个，再到
-    ``_BM25_SHORTLIST`` 个，再其余的；每批延到同分段的末尾，同分的候选不拆开。
+def _batches(docs: np.ndarray, scores: np.ndarray, limit: int, first: int) -> Iterator[np.ndarray]:
+    """候选按（分数降序, 键升序）分批给出下标：先 ``first`` 个，再到 ``max(limit * 4, _BM25_SHORTLIST)`` 个，
+    再其余的；每批延到同分段的末尾，同分的候选不拆开。
 
     第一批用 ``np.partition`` 在线性时间里挑出来，只给这几十个排序：常见词的查询有上万个候选，给全部候选排序
     （2 万个约 2 ms）只在第一批不够时才做。
     """
     negated = -scores
-    first = max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN)
     if first < len(scores):
         # 分数不低于第 first 名的全部候选（含与它同分的）：正是完整排序的一个前缀
         head = np.flatnonzero(negated <= np.partition(negated, first - 1)[first - 1])
@@ -445,11 +468,13 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
     """候选（段里的序号或 L0 的负键）按分数从高到低换成分块 id、回表检查范围，取前 ``limit`` 个。
 
     由小到大分批检查分数最高的候选：长问题会命中上千个分块，逐个换 id、回表占全文一路一半的时间，而没有过滤条件时
-    前几十个就够了；范围内的结果不够 limit 时才检查下一批（几百个），再不够才检查其余的——结果与一次做完全相同。
-    同分按分块 id 升序：同分的候选不拆到两批里（拆开就可能把 id 更小的那个留到下一批）。
+    前 limit 个几乎总在范围内；范围内的结果不够 limit 时才检查下一批（几百个），再不够才检查其余的——结果与一次
+    做完全相同。同分按分块 id 升序：同分的候选不拆到两批里（拆开就可能把 id 更小的那个留到下一批）。
     """
     hits: list[PathHit] = []
-    for batch in _batches(docs, scores, limit):
+    narrow = scope.filtered or query.type != "plain"
+    first = max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN) if narrow else limit
+    for batch in _batches(docs, scores, limit, first):
         keys = docs[batch]
         ordinals = [int(key) for key in keys if key >= 0]
         cursor.execute("SELECT ordinal, chunk_id FROM fulltext_docs WHERE knowledge_base_id = %s"

@@ -107,6 +107,9 @@ class ChunkScope:
 
     sql: str
     params: list[Any] = field(default_factory=list)
+    # 调用方给了元数据过滤：范围会筛掉不少候选，引擎回表检查时第一批要多取（没有过滤时只有非 completed 文档的分块
+    # 被筛掉，取够 limit 个几乎总是一批就完）
+    filtered: bool = True
 
 
 @dataclass(frozen=True)

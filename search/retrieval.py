@@ -124,7 +124,7 @@ def vector_literal(vector: np.ndarray) -> str:
 def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> FulltextHits:
     """全文检索：检索范围内与查询匹配的分块，按相关性（默认 BM25）降序的前 ``limit`` 个。"""
     sql, params = _scope_sql(kb, filters)
-    return fulltext_engine().search(kb.id, query, ChunkScope(sql, params), limit)
+    return fulltext_engine().search(kb.id, query, ChunkScope(sql, params, filtered=filters != SearchFilters()), limit)
 
 
 def fulltext_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:

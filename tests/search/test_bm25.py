@@ -29,6 +29,7 @@ from knowledge.services import knowledge_base_delete
 from raglib import analysis
 from raglib import bm25 as raglib_bm25
 from raglib.analysis import ParsedQuery
+from raglib.postings import Postings, impacts
 from search import bm25, segments
 from search.retrieval import fulltext_scores, fulltext_search
 from tests.sample_docs import MEDICAL_TEXTS
@@ -411,6 +412,21 @@ def test_shortlist_falls_back_when_filters_remove_the_best_chunks(medical: Knowl
         h.chunk_id for h in everything[:2]]
 
 
+
+@pytest.mark.django_db
+def test_unfiltered_search_fills_limit_past_chunks_of_unfinished_documents(medical: KnowledgeBase) -> None:
+    """没有过滤条件时回表的第一批只有 limit 个：其中有不在范围里的（文档不是 completed）就接着查下一批，结果照样
+    取满，与这些分块不存在时的排序相同。"""
+    query = parse_query("高血压 饮食 肝功能 乙肝 复查")
+    everything = fulltext_search(medical, query, SearchFilters(), limit=50).hits
+    assert len(everything) > 4
+    best = DocumentChunk.objects.get(pk=everything[0].chunk_id)
+    Document.objects.filter(pk=best.document_id).update(status=Document.Status.PROCESSING)
+    hidden = set(DocumentChunk.objects.filter(document_id=best.document_id).values_list("id", flat=True))
+    expected = [(h.chunk_id, h.value) for h in everything if h.chunk_id not in hidden][:3]
+    assert len(expected) == 3
+    assert [(h.chunk_id, h.value) for h in fulltext_search(medical, query, SearchFilters(), limit=3).hits] == expected
+
 @pytest.mark.parametrize("seed", range(20))
 def test_scope_check_batches_are_the_full_ranking_cut_at_ties(seed: int) -> None:
     """分批给出的下标连起来就是完整排序（分数降序、键升序），每批的末尾都不在同分段中间。"""
@@ -419,12 +435,37 @@ def test_scope_check_batches_are_the_full_ranking_cut_at_ties(seed: int) -> None
     scores = rng.integers(0, 40, n).astype(np.float64) / 7  # 大量同分
     docs = rng.permutation(n).astype(np.int64) - n // 3  # 段里的序号与 L0 的负键混在一起
     limit = int(rng.integers(1, 30))
-    batches = list(bm25._batches(docs, scores, limit))
+    first = int(rng.choice([limit, max(limit * bm25._BM25_FIRST_BATCH, bm25._BM25_FIRST_MIN)]))
+    batches = list(bm25._batches(docs, scores, limit, first))
     assert np.array_equal(np.concatenate(batches), np.lexsort((docs, -scores)))
-    assert len(batches[0]) >= min(n, max(limit * bm25._BM25_FIRST_BATCH, bm25._BM25_FIRST_MIN))
+    assert len(batches[0]) >= min(n, first)
     for earlier, later in itertools.pairwise(batches):
         assert scores[earlier[-1]] > scores[later[0]]
 
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_trim_keeps_the_strongest_rows_of_each_truncated_term(seed: int) -> None:
+    """截断读取的词每位只留影响力最高的 rows 条，同影响力按序号、再按读入先后（前缀词里同一分块的几个词位）；
+    不截断的词原样保留。对照逐位排序的直白写法。"""
+    rng = np.random.default_rng(seed)
+    slots, n = int(rng.integers(1, 6)), int(rng.integers(1, 400))
+    terms = rng.integers(0, slots, n)
+    docs = rng.integers(-20, 60, n)  # 负数是 L0 的键；同一位上同一 doc 可以出现几次（前缀词的几个词位）
+    postings = Postings(terms, docs, rng.integers(0, 4, n), rng.integers(0, 30, n), rng.integers(0, 256, n))
+    reads = []
+    for _ in range(slots):
+        term = raglib_bm25.ScoredTerm(analysis.QueryTerm("词"), int(rng.integers(1, 500)), 1.0, 1.0)
+        reads.append(raglib_bm25.TermRead(term, int(rng.integers(0, term.df + 1))))
+    strength = impacts(postings.title_tf, postings.body_tf, postings.norms).astype(np.int64)
+    keep = np.ones(n, dtype=bool)
+    for slot, read in enumerate(reads):
+        members = np.flatnonzero(terms == slot)
+        if read.truncated:
+            keep[members[np.lexsort((docs[members], -strength[members]))][read.rows:]] = False
+    trimmed = bm25._trim(postings, reads)
+    assert trimmed.terms.tolist() == terms[keep].tolist() and trimmed.docs.tolist() == docs[keep].tolist()
+    assert trimmed.norms.tolist() == postings.norms[keep].tolist()
 
 @pytest.mark.django_db
 def test_batches_of_the_scope_check_never_split_tied_candidates(kb_factory: Any, fake_embedder: Any,
