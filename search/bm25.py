@@ -428,10 +428,10 @@ _BM25_SHORTLIST = 400
 
 
 def _array_literal(values: Iterable[Any]) -> str:
-    """数字数组的 PostgreSQL 字面量（``{1,2,3}``），SQL 里再转成 int[]/bigint[]/float8[]。
+    """数字数组的 PostgreSQL 字面量（``{1,NULL,3}``），SQL 里再转成 int[]/bigint[]/float8[]。
 
     Django 的 psycopg 后端在客户端把参数拼进 SQL：几百个元素的列表逐个适配、加引号，一次检索要花几毫秒；
-    一个字符串只适配一次。只用于数字（``repr`` 给出 float 的完整精度），不含需要转义的字符。
+    一个字符串只适配一次。只用于数字与 NULL（``repr`` 给出 float 的完整精度），不含需要转义的字符。
     """
     return "{" + ",".join(str(value) for value in values) + "}"
 
@@ -474,26 +474,24 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
     hits: list[PathHit] = []
     narrow = scope.filtered or query.type != "plain"
     first = max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN) if narrow else limit
+    match, params = _match_sql(query, scope)
+    must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
     for batch in _batches(docs, scores, limit, first):
-        keys = docs[batch]
-        ordinals = [int(key) for key in keys if key >= 0]
-        cursor.execute("SELECT ordinal, chunk_id FROM fulltext_docs WHERE knowledge_base_id = %s"
-                       " AND ordinal = ANY(%s::int[])", [kb_id, _array_literal(ordinals)])
-        chunk_of = {int(o): int(c) for o, c in cursor.fetchall()}
-        candidates = sorted(((-float(score), chunk_of[int(key)] if key >= 0 else l0_chunks[-1 - int(key)])
-                             for key, score in zip(keys, scores[batch], strict=True)
-                             if key < 0 or int(key) in chunk_of))
-        match, params = _match_sql(query, scope)
-        must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
+        keys = docs[batch].tolist()
+        # 段里的候选给序号、L0 的给分块 id，序号在同一条语句里换成分块 id（少一次往返）；序号在这个快照里不在
+        # fulltext_docs 的（不会出现：删除集已经滤掉）连不上分块，自然落选。
         # 逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块读出来做
-        # 哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
+        # 哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）。同分按分块 id 升序
         cursor.execute(
-            "SELECT c.id, t.score FROM unnest(%s::bigint[], %s::float8[]) WITH ORDINALITY AS t(id, score, rank)"
-            f" CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = t.id AND {match}{must} OFFSET 0) c"
-            " ORDER BY t.rank LIMIT %s",
-            [_array_literal(chunk for _, chunk in candidates), _array_literal(repr(-score) for score, _ in candidates),
-             *params,
-             *([query.tsquery] if must else []), limit - len(hits)],
+            "SELECT c.id, t.score FROM unnest(%s::int[], %s::bigint[], %s::float8[]) AS t(ordinal, chunk, score)"
+            " LEFT JOIN LATERAL (SELECT d.chunk_id FROM fulltext_docs d WHERE d.knowledge_base_id = %s"
+            " AND d.ordinal = t.ordinal) d ON true"
+            " CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = coalesce(t.chunk, d.chunk_id)"
+            f" AND {match}{must} OFFSET 0) c ORDER BY t.score DESC, c.id LIMIT %s",
+            [_array_literal(key if key >= 0 else "NULL" for key in keys),
+             _array_literal(l0_chunks[-1 - key] if key < 0 else "NULL" for key in keys),
+             _array_literal(repr(float(score)) for score in scores[batch].tolist()), kb_id,
+             *params, *([query.tsquery] if must else []), limit - len(hits)],
         )
         hits += [PathHit(int(chunk_id), float(score)) for chunk_id, score in cursor.fetchall()]
         if len(hits) >= limit:
