@@ -394,8 +394,8 @@ def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
     """截断读取的词只留影响力最高的 ``rows`` 条（同影响力按序号）：各段按比例多读的那一点、内联在词典里的整条，
     都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。``postings.terms`` 是查询词的位。
 
-    要截的各位一起排一次序：(位, 影响力降序, 序号) 拼成一个 int64 键做稳定排序（同键的——前缀词里同一分块的
-    几个词位——保持读入的先后），每位取前 ``rows`` 个。
+    要截的各位一起排一次序：键是 (位, 影响力降序, 序号)，同键的（前缀词里同一分块的几个词位）保持读入的先后，
+    每位取前 ``rows`` 个。
     """
     if not len(postings):
         return postings
@@ -411,7 +411,14 @@ def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
     docs = postings.docs[members] - postings.docs[members].min()
     strength = impacts(postings.title_tf[members], postings.body_tf[members], postings.norms[members])
     key = (slots << 47) | ((32767 - strength.astype(np.int64)) << 32) | docs
-    ranked = members[np.argsort(key, kind="stable")]
+    high = key >> 32  # (位, 影响力降序)
+    doc_bits, index_bits = max(1, int(docs.max()).bit_length()), max(1, (len(members) - 1).bit_length())
+    if int(high.max()).bit_length() + doc_bits + index_bits <= 63:
+        # 键压紧后把下标拼在低位直接排（np.sort 比稳定的 argsort 快近一倍），下标本身就决定了同键的先后
+        packed = (((high << doc_bits) | docs) << index_bits) | np.arange(len(members))
+        ranked = members[np.sort(packed) & ((1 << index_bits) - 1)]
+    else:
+        ranked = members[np.argsort(key, kind="stable")]
     ranked_slots = postings.terms[ranked]
     starts = np.flatnonzero(np.r_[True, ranked_slots[1:] != ranked_slots[:-1]])
     rank = np.arange(len(ranked)) - np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))

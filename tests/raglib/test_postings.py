@@ -327,6 +327,27 @@ def test_bm25_scores_match_naive_reference(case: tuple[Postings, dict[int, int],
         assert math.isclose(score, expected[doc], rel_tol=1e-9, abs_tol=1e-300)
 
 
+
+@pytest.mark.parametrize("spread", [10, 2**55, 2**61])
+@pytest.mark.parametrize("identity", [True, False])
+def test_bm25_scores_every_sort_path_matches_the_reference(spread: int, identity: bool) -> None:
+    """doc 的跨度决定排序的路子（下标拼进键里直接排、argsort、lexsort），倒排按词位标号（检索时）还是经 slots 查表：
+    四种组合的结果都与直白写法相同。"""
+    rng = np.random.default_rng(spread % 97 + identity)
+    n = 300
+    docs = rng.integers(-spread, spread, 40)[rng.integers(0, 40, n)]
+    terms = rng.integers(0, 3, n) if identity else rng.integers(5, 9, n)
+    keep = np.unique(np.stack([terms, docs]), axis=1, return_index=True)[1]  # 同一 (词, doc) 只留一条
+    norms = (docs % 256 + 256) % 256
+    p = Postings(terms[keep], docs[keep], rng.integers(0, 3, keep.size), rng.integers(0, 9, keep.size), norms[keep])
+    slots = {0: 0, 1: 1, 2: 2} if identity else {5: 0, 6: 0, 7: 2}
+    params = {"k1": 1.2, "b": 0.75, "avgdl": 120.0, "title_weight": 2.0}
+    docs_out, scores = bm25_scores(p, slots, [1.5, 0.7, 2.2], **params)
+    expected = naive_scores(p, slots, [1.5, 0.7, 2.2], **params)
+    assert docs_out.tolist() == sorted(expected)
+    for doc, score in zip(docs_out.tolist(), scores.tolist(), strict=True):
+        assert math.isclose(score, expected[doc], rel_tol=1e-9)
+
 LEXEMES = ["ab", "abc", "ac", "b", "ba"]  # 词 id 即下标
 
 
