@@ -49,7 +49,9 @@ def test_dictionary_blocks_round_trip_in_lexeme_order(raw: list[tuple[str, int, 
         assert len(data) <= DICTIONARY_BLOCK_BYTES + 16 or len(decode_dictionary_block(data)) == 1
     for entry in entries:
         block = max((b for b in blocks if b[0] <= entry.lexeme), key=lambda b: b[0])
-        assert DictionaryBlock(block[1]).find(entry.lexeme) == entry
+        reader = DictionaryBlock(block[1])
+        assert reader.find(entry.lexeme) == entry
+        assert reader.entries() and reader.find(entry.lexeme) == entry  # 算过前缀和之后走另一条路
     assert all(DictionaryBlock(data).find("\U0010ffff") is None for _, data in blocks)
     # 前缀：一个块里以它开头的词正好是那一段
     for prefix in ("a", "肝", "乙高"):
