@@ -3,6 +3,7 @@
     .venv/bin/python bench/fulltext_scale.py --rows 100000 --queries 200
     .venv/bin/python bench/fulltext_scale.py --rows 100000 --queries 200 --keep
     .venv/bin/python bench/fulltext_scale.py --grow 10 --queries 200 --slow-queries 20   # 由保留的 100k 库扩到 1.11M 行
+    .venv/bin/python bench/fulltext_scale.py --measure bench-fulltext-100pct bench-fulltext-100k-5seg --prewarm
 
 合成数据（不需要 ../shared）：中文文本按 jieba 词典的词频抽词拼句（词频分布接近真实语料的 Zipf 分布），
 夹少量英文词与数字，每块 80~400 字；向量是围绕 64 个簇中心的单位向量（384 维）。一张表里先放三个知识库：
@@ -16,13 +17,15 @@
 ``--prewarm``：计时前把目标库那一段倒排主键整段读一遍（进操作系统缓存）——测“倒排常驻内存”的稳态；不加时测的是
 刚启动、缓存里几乎没有倒排的最坏情况（每个查询的倒排页大多要从磁盘读）。
 计时的是检索服务里与模型无关的部分：全文路 ``fulltext_search``；混合是向量路 + 全文路 + 融合
-（``services.search`` 用预先算好的查询向量，不含模型时间）。
+（``services.search`` 用预先算好的查询向量，不含模型时间）。调用方式与服务进程相同：计时前 ``gc.freeze()``，
+查询不包在外层事务里。
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import gc
 import os
 import random
 import statistics
@@ -48,7 +51,7 @@ django.setup()
 
 import numpy as np  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import OperationalError, connection, transaction  # noqa: E402
+from django.db import OperationalError, connection  # noqa: E402
 
 from documents.filters import SearchFilters  # noqa: E402
 from documents.models import Document  # noqa: E402
@@ -297,6 +300,10 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
     ``warm``：先 :func:`prewarm`。"""
     if warm:
         prewarm(kb)
+    # 与服务进程一样冻结启动后就在的对象（ragservice/gunicorn_conf.py 的 post_worker_init）：否则每两百来个查询就有一次
+    # 约 60 ms 的完整分代回收落在某个查询里，测到的是基准进程的长尾，不是服务的
+    gc.collect()
+    gc.freeze()
     results = {}
     centers = _centers()
     for ranking in rankings:
@@ -309,9 +316,9 @@ def measure(kb: KnowledgeBase, queries: list[str], vectors: bool,
             cursor.execute(f"SET statement_timeout = {_SLOW_TIMEOUT_MS}")
         for query in timed:
             started = time.perf_counter()
+            # 与服务一样不在外层事务里调用（自动提交）：BM25 自己开只读的快照事务，包一层事务会把它变成保存点
             try:
-                with transaction.atomic():
-                    fulltext_search(kb, parse_query(query, analyzer=settings.FULLTEXT_ANALYZER), SearchFilters(), 50)
+                fulltext_search(kb, parse_query(query, analyzer=settings.FULLTEXT_ANALYZER), SearchFilters(), 50)
             except OperationalError:  # 超时按上限计（QueryCanceled）
                 timeouts += 1
             times.append((time.perf_counter() - started) * 1000)
@@ -370,10 +377,17 @@ def main() -> None:
                         help="由 --keep 留下的 100k 库复制 COPIES 份组成大库（另加 1 万分块的小库），测三个库")
     parser.add_argument("--slow-queries", type=int, help="ts_rank_cd 只测前这么多个查询（每个最多 60 s）")
     parser.add_argument("--prewarm", action="store_true", help="计时前把目标库的倒排主键读进缓存（常驻内存的稳态）")
+    parser.add_argument("--measure", nargs="+", metavar="KB",
+                        help="只测这些已有知识库的全文路（查询取自前 --rows 个源文本，如由 100k 库复制、段数不同的库）")
     args = parser.parse_args()
     vectors = not args.no_vectors
     rows = args.rows
     rankings = tuple(args.rankings.split(","))
+    if args.measure:
+        for name in args.measure:
+            measure(KnowledgeBase.objects.get(name=name), _queries(range(0, rows), args.queries), False, rankings,
+                    args.slow_queries, args.prewarm)
+        return
     if args.reuse or args.grow:
         whole = KnowledgeBase.objects.get(name="bench-fulltext-100pct")
         if not args.grow:
