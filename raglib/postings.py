@@ -304,6 +304,18 @@ def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
     return Postings(terms, docs, buf[tf_at], buf[tf_at + post_count], buf[tf_at + 2 * post_count])
 
 
+def stable_order(keys: np.ndarray, key_bits: int) -> np.ndarray:
+    """非负 int64 键（都小于 ``2**key_bits``）的稳定排序下标：同键保持原来的先后。
+
+    键与下标拼得进 63 位时把下标拼在低位直接 ``np.sort``（比稳定的 argsort 快近一倍，打分与截断读取每个查询都要
+    排两万条），拼不下时用稳定的 argsort。
+    """
+    index_bits = max(1, (len(keys) - 1).bit_length())
+    if max(1, key_bits) + index_bits > 63:
+        return np.argsort(keys, kind="stable")
+    return np.sort((keys << index_bits) | np.arange(len(keys))) & ((1 << index_bits) - 1)
+
+
 def bm25_scores(postings: Postings, slots: Mapping[int, int], weights: Sequence[float], *,
                 k1: float, b: float, avgdl: float, title_weight: float) -> tuple[np.ndarray, np.ndarray]:
     """BM25 打分内核：返回 (升序且不重复的 doc, 分数)，只含至少有一条倒排落在某个查询词位上的 doc。
@@ -319,34 +331,24 @@ def bm25_scores(postings: Postings, slots: Mapping[int, int], weights: Sequence[
     slot_values = np.fromiter(slots.values(), dtype=np.int64, count=len(slots))
     if slot_values.min() < 0 or slot_values.max() >= len(weights):
         raise ValueError("词位必须在 [0, len(weights)) 内")
-    if (np.array_equal(slot_terms, np.arange(len(slots))) and np.array_equal(slot_terms, slot_values)
-            and int(postings.terms.min()) >= 0 and int(postings.terms.max()) < len(slots)):
-        # 倒排已经按词位标号（检索时就是这样）：不必查表，全部倒排都落在某个词位上
-        slot, docs, hit = postings.terms.astype(np.int64), postings.docs, np.arange(len(postings))
-    else:
-        by_term = np.argsort(slot_terms)
-        slot_terms, slot_values = slot_terms[by_term], slot_values[by_term]
-        found = np.minimum(np.searchsorted(slot_terms, postings.terms), slot_terms.size - 1)
-        hit = np.flatnonzero(slot_terms[found] == postings.terms)
-        if hit.size == 0:
-            return empty
-        slot = slot_values[found[hit]]
-        docs = postings.docs[hit]
+    by_term = np.argsort(slot_terms)
+    slot_terms, slot_values = slot_terms[by_term], slot_values[by_term]
+    found = np.minimum(np.searchsorted(slot_terms, postings.terms), slot_terms.size - 1)
+    hit = np.flatnonzero(slot_terms[found] == postings.terms)
+    if hit.size == 0:
+        return empty
+    slot = slot_values[found[hit]]
+    docs = postings.docs[hit]
 
-    # 按 (doc, 词位) 排一次序，之后全是分段求和。两者拼成一个 int64 键（doc 可为负，先减去最小值）；装得下时再把
-    # 下标拼在低位直接排键（np.sort 比 argsort 快三成，排好的键里就带着 doc 与词位，不必再按下标取），
-    # 装不下时退回 argsort 或 lexsort
-    low, n_slots = int(docs.min()), len(weights)
+    # 按 (doc, 词位) 排一次序，之后全是分段求和。两者拼成一个非负 int64 键（doc 可为负，先减去最小值），
+    # 比 lexsort 或两次 np.unique 快一倍；范围大到拼不下时才退回 lexsort
+    low, n_slots = int(docs.min()), int(slot.max()) + 1
     span = (int(docs.max()) - low + 1) * n_slots
-    index_bits = max(1, (len(docs) - 1).bit_length())
-    if span < 2**63 >> index_bits:
-        packed = np.sort((((docs - low) * n_slots + slot) << index_bits) | np.arange(len(docs)))
-        order = packed & ((1 << index_bits) - 1)
-        key = packed >> index_bits
-        docs, slot, hit = key // n_slots + low, key % n_slots, hit[order]
+    if span < 2**63:
+        order = stable_order((docs - low) * n_slots + slot, (span - 1).bit_length())
     else:
-        order = np.argsort((docs - low) * n_slots + slot) if span < 2**63 else np.lexsort((slot, docs))
-        docs, slot, hit = docs[order], slot[order], hit[order]
+        order = np.lexsort((slot, docs))
+    docs, slot, hit = docs[order], slot[order], hit[order]
     pair_starts = np.flatnonzero(np.r_[True, (docs[1:] != docs[:-1]) | (slot[1:] != slot[:-1])])
     tfw = title_weight * postings.title_tf[hit].astype(np.float64) + postings.body_tf[hit]
     tf = np.add.reduceat(tfw, pair_starts)

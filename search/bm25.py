@@ -47,6 +47,7 @@ from raglib.postings import (
     impacts,
     norm_bytes,
     quantised_length,
+    stable_order,
 )
 from search import segments
 from search.fulltext import Bm25Statistics, ChunkScope, FulltextHits, PathHit
@@ -394,8 +395,8 @@ def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
     """截断读取的词只留影响力最高的 ``rows`` 条（同影响力按序号）：各段按比例多读的那一点、内联在词典里的整条，
     都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。``postings.terms`` 是查询词的位。
 
-    要截的各位一起排一次序：键是 (位, 影响力降序, 序号)，同键的（前缀词里同一分块的几个词位）保持读入的先后，
-    每位取前 ``rows`` 个。
+    要截的各位一起排一次序：键是 (位, 影响力降序, 序号)，稳定排序让同键的（前缀词里同一分块的几个词位）保持读入的
+    先后，每位取前 ``rows`` 个。
     """
     if not len(postings):
         return postings
@@ -406,19 +407,13 @@ def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
         return postings
     members = np.flatnonzero(np.isin(postings.terms, over))
     slots = postings.terms[members].astype(np.int64)
-    # 序号是 int4、L0 的负键不到 2^31 个，减去最小值后装得进 32 位；影响力不到 2^15；
-    # 查询词至多 64 个（MAX_QUERY_LEXEMES），位号装得进余下的 16 位
+    # (位, 影响力降序, 序号) 拼成一个键：位不到 64 个（MAX_QUERY_LEXEMES），影响力不到 2^15，序号减去最小值
+    # （L0 的键是负数）后不到 2^32，一共不超过 53 位
     docs = postings.docs[members] - postings.docs[members].min()
     strength = impacts(postings.title_tf[members], postings.body_tf[members], postings.norms[members])
-    key = (slots << 47) | ((32767 - strength.astype(np.int64)) << 32) | docs
-    high = key >> 32  # (位, 影响力降序)
-    doc_bits, index_bits = max(1, int(docs.max()).bit_length()), max(1, (len(members) - 1).bit_length())
-    if int(high.max()).bit_length() + doc_bits + index_bits <= 63:
-        # 键压紧后把下标拼在低位直接排（np.sort 比稳定的 argsort 快近一倍），下标本身就决定了同键的先后
-        packed = (((high << doc_bits) | docs) << index_bits) | np.arange(len(members))
-        ranked = members[np.sort(packed) & ((1 << index_bits) - 1)]
-    else:
-        ranked = members[np.argsort(key, kind="stable")]
+    high = (slots << 15) | (32767 - strength.astype(np.int64))
+    doc_bits = max(1, int(docs.max()).bit_length())
+    ranked = members[stable_order((high << doc_bits) | docs, int(high.max()).bit_length() + doc_bits)]
     ranked_slots = postings.terms[ranked]
     starts = np.flatnonzero(np.r_[True, ranked_slots[1:] != ranked_slots[:-1]])
     rank = np.arange(len(ranked)) - np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))
