@@ -300,12 +300,18 @@ _HAN_SPLITTERS: dict[str, Callable[[str], Sequence[Word]]] = {
 }
 
 
-def _other_word(word: str) -> Word | None:
+def _other_lexeme(word: str) -> str | None:
+    """字母/数字串的词位：过长的丢弃，拉丁字母的词取词干，其余（数字、版本号、其他文字）原样。"""
     if len(word) > MAX_TOKEN_CHARS:
         return None
-    if _LATIN_RE.fullmatch(word):
-        return Word(_stem(word), word in ENGLISH_STOPWORDS)
-    return Word(word)
+    return _stem(word) if _LATIN_RE.fullmatch(word) else word
+
+
+def _other_word(word: str) -> Word | None:
+    lexeme = _other_lexeme(word)
+    if lexeme is None:
+        return None
+    return Word(lexeme, word in ENGLISH_STOPWORDS)  # 停用词表全是拉丁字母的词
 
 
 def tokenize(text: str, analyzer: Analyzer | str) -> list[Word]:
@@ -324,6 +330,35 @@ def tokenize(text: str, analyzer: Analyzer | str) -> list[Word]:
     return words
 
 
+def _document_lexemes(text: str, analyzer: Analyzer | str) -> tuple[list[str], list[bool] | None]:
+    """文档一侧的切词：(词位, 各词位是否占一个新位置)；后者为 ``None`` 表示每个词位各占一个位置（bigram 切法）。
+
+    与 :func:`tokenize` 切出同样的位置与词位（jieba 的子词紧跟在所属的词后面、与它同位），只是不构造
+    :class:`Word`：查询才用得上停用词、前缀这些标记，而摄取每个分块要切几百个词，逐个构造对象、逐个调函数
+    曾占切词耗时的大半（bench/pages/fulltext_engine.md，“切词的开销”）。
+    """
+    lexemes: list[str] = []
+    starts: list[bool] | None = None if analyzer == "bigram" else []
+    for match in _TOKEN_RE.finditer(normalize(text)):
+        run = match.group("han")
+        if run is None:
+            if (lexeme := _other_lexeme(match.group("word"))) is not None:
+                lexemes.append(lexeme)
+                if starts is not None:
+                    starts.append(True)
+        elif starts is None:
+            # 与 _bigrams 相同：每个字起一个 bigram，串尾补一个 unigram；单字的串就是它自己
+            lexemes.extend([run[i:i + 2] for i in range(len(run) - 1)])
+            lexemes.append(run[-1])
+        else:
+            for word in _HAN_SPLITTERS[analyzer](run):
+                lexemes.append(word.lexeme)
+                lexemes.extend(word.subwords)
+                starts.append(True)
+                starts.extend([False] * len(word.subwords))
+    return lexemes, starts
+
+
 # ---------------------------------------------------------------- tsvector
 
 
@@ -333,47 +368,52 @@ def quote_lexeme(lexeme: str) -> str:
 
 
 class _VectorBuilder:
-    """按词位累积位置与权重；同一位置只记一次（先到的权重优先：标题先写入）。"""
+    """按词位累积位置与权重；同一位置只记一次（先到的权重优先：标题先写入）。
+
+    位置只增不减（标题在前、各部分之间空一位），所以一个词位的位置列表天然有序，重复的位置只会紧挨着出现
+    （超过 ``MAX_POSITION`` 被压到同一位置时）：与列表里最后一个比较就够了。
+    """
 
     def __init__(self, analyzer: Analyzer | str) -> None:
         self.analyzer = analyzer
-        self.entries: dict[str, dict[int, str]] = {}
+        # 词位 → [最后一个位置, "位置权重", ...]
+        self.entries: dict[str, list[Any]] = {}
         self.position = 0
         self.size = 0
         # 词数（不含各部分之间的空位）：BM25 的文档长度
         self.length = 0
 
-    def add(self, lexeme: str, position: int, weight: str) -> None:
-        positions = self.entries.get(lexeme)
-        if positions is None:
-            size = len(lexeme.encode("utf-8")) + 8
-            if self.size + size > MAX_TSVECTOR_BYTES:
-                return
-            self.size += size
-            positions = self.entries[lexeme] = {}
-        if len(positions) < MAX_POSITIONS_PER_LEXEME and position not in positions:
-            positions[position] = weight
-            self.size += 2
-
     def add_text(self, text: str, weight: str) -> None:
-        words = tokenize(text, self.analyzer)
-        if not words:
+        lexemes, starts = _document_lexemes(text, self.analyzer)
+        if not lexemes:
             return
         if self.position:
             self.position += 1  # 各部分之间空一个位置：短语查询不会跨越标题与正文的边界
-        self.length += len(words)
-        for word in words:
-            self.position += 1
-            position = min(self.position, MAX_POSITION)
-            self.add(word.lexeme, position, weight)
-            for sub in word.subwords:
-                self.add(sub, position, weight)
+        self.length += len(lexemes) if starts is None else sum(starts)
+        # 每个分块几百个词：循环里只用局部变量、不调函数（逐词调方法曾占切词耗时的三分之一）
+        entries, size, position, at, mark = self.entries, self.size, self.position, 0, ""
+        for index, lexeme in enumerate(lexemes):
+            if starts is None or starts[index]:
+                position += 1
+                at = position if position < MAX_POSITION else MAX_POSITION
+                mark = f"{at}{weight}"
+            positions = entries.get(lexeme)
+            if positions is None:
+                grow = len(lexeme.encode("utf-8")) + 8
+                if size + grow > MAX_TSVECTOR_BYTES:
+                    continue
+                size += grow
+                positions = entries[lexeme] = [0]
+            if positions[0] != at and len(positions) <= MAX_POSITIONS_PER_LEXEME:
+                positions[0] = at
+                positions.append(mark)
+                size += 2
+        self.size, self.position = size, position
 
     def literal(self) -> str:
-        return " ".join(
-            quote_lexeme(lexeme) + ":" + ",".join(f"{pos}{weight}" for pos, weight in sorted(positions.items()))
-            for lexeme, positions in self.entries.items()
-        )
+        # quote_lexeme 的写法就地展开：每个分块两三百个词位，省下的是函数调用
+        return " ".join("'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "':" + ",".join(positions[1:])
+                        for lexeme, positions in self.entries.items())
 
 
 def document_terms(body: str, titles: Sequence[str] = (), *, analyzer: Analyzer | str) -> tuple[str, int]:

@@ -295,6 +295,41 @@ def test_document_tsvector_always_valid(body, titles):
         assert sql("SELECT length(%s::tsvector)", [literal]) == len(vector_entries(literal))
 
 
+def reference_tsvector(body: str, titles, analyzer: str) -> tuple[str, int]:
+    """tsvector 的定义照字面写一遍：:func:`analysis.tokenize` 的每个词一个位置（从 1 起，压到 ``MAX_POSITION``），
+    子词与所在的词同位，各部分之间空一位，同一位置只记先到的，每个词位至多 ``MAX_POSITIONS_PER_LEXEME`` 个位置。
+    摄取用的是不构造 :class:`Word` 的快速写法，两者必须逐字相同（不含 1 MB 上限，样例远小于它）。"""
+    entries: dict[str, dict[int, str]] = {}
+    position = length = 0
+    for text, weight in [*((title, "A") for title in titles), (body, "B")]:
+        words = analysis.tokenize(text, analyzer)
+        if not words:
+            continue
+        position += 1 if position else 0
+        length += len(words)
+        for word in words:
+            position += 1
+            for lexeme in (word.lexeme, *word.subwords):
+                positions = entries.setdefault(lexeme, {})
+                if len(positions) < MAX_POSITIONS_PER_LEXEME:
+                    positions.setdefault(min(position, MAX_POSITION), weight)
+    literal = " ".join(quote_lexeme(lexeme) + ":" + ",".join(f"{at}{weight}" for at, weight in positions.items())
+                       for lexeme, positions in entries.items())
+    return literal, length
+
+
+@PROPERTY
+@pytest.mark.parametrize("analyzer", ["bigram", "jieba", "jieba_bigram"])
+@given(body=st.text(alphabet=st.sampled_from(list("中国人民共和國的了是在一二abXY run  3.14 '\\，。！〇𠀀Ａ")), max_size=400),
+       titles=st.lists(st.text(max_size=20), max_size=3), repeat=st.integers(0, 300))
+def test_document_terms_match_the_tokenize_definition(analyzer, body, titles, repeat):
+    """摄取的快速写法与按 tokenize 的定义逐字相同。``repeat`` 把同一个词堆到每词的位置上限；超过 200 时再把位置
+    推过 ``MAX_POSITION``，之后的词都压在同一位置上（同一词位在那里只记一次）。"""
+    long_body = body + " 中国 x" * repeat + " y" * (MAX_POSITION if repeat > 200 else 0) + " 好人 w 好人 w"
+    for text in (body, long_body):
+        assert analysis.document_terms(text, titles, analyzer=analyzer) == reference_tsvector(text, titles, analyzer)
+
+
 # ---------------------------------------------------------------- 摄取与迁移回填
 
 
