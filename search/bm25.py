@@ -476,24 +476,35 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
     hits: list[PathHit] = []
     narrow = scope.filtered or query.type != "plain"
     first = max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN) if narrow else limit
-    match, params = _match_sql(query, scope)
-    must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
+    if narrow or scope.documents is None:
+        # 要看分块行（元数据过滤、tsquery、exact 的原文包含）：逐个候选按主键回表（OFFSET 0 阻止展平：展平成连接时
+        # 规划器低估候选数，曾把整个知识库的分块读出来做哈希连接，100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
+        match, params = _match_sql(query, scope)
+        must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
+        check = (f"CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = k.chunk_id AND {match}{must}"
+                 " OFFSET 0) c")
+        params += [query.tsquery] if must else []
+    else:
+        # 范围只是“completed 文档里的可检索分块”：L0 与序号表记着每个分块的文档，只查文档表，不读分块行
+        # （冷缓存时每个候选少两次随机读，bench/pages/fulltext_scale.md 的“冷缓存与回表”）
+        # 按文档主键逐个查（EXISTS），不把库里全部 completed 文档读出来做哈希：一个条目一份文档的库有上万份
+        documents, params = scope.documents
+        check = ("CROSS JOIN LATERAL (SELECT k.chunk_id AS id WHERE EXISTS (SELECT 1 FROM documents d"
+                 f" WHERE d.id = k.document_id AND {documents})) c")
     for batch in _batches(docs, scores, limit, first):
         keys = docs[batch].tolist()
-        # 段里的候选给序号、L0 的给分块 id，序号在同一条语句里换成分块 id（少一次往返）；序号在这个快照里不在
-        # fulltext_docs 的（不会出现：删除集已经滤掉）连不上分块，自然落选。
-        # 逐个候选按主键回表（OFFSET 0 阻止展平）：展平成连接时规划器低估候选数，曾把整个知识库的分块读出来做
-        # 哈希连接（100k 分块时 125 ms，逐个回表 400 个只要几毫秒）。同分按分块 id 升序
+        # 段里的候选给序号、L0 的给分块 id，在同一条语句里换成分块 id 与文档（少一次往返）；序号在这个快照里不在
+        # fulltext_docs 的（不会出现：删除集已经滤掉）连不上分块，自然落选。同分按分块 id 升序
         cursor.execute(
             "SELECT c.id, t.score FROM unnest(%s::int[], %s::bigint[], %s::float8[]) AS t(ordinal, chunk, score)"
-            " LEFT JOIN LATERAL (SELECT d.chunk_id FROM fulltext_docs d WHERE d.knowledge_base_id = %s"
-            " AND d.ordinal = t.ordinal) d ON true"
-            " CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = coalesce(t.chunk, d.chunk_id)"
-            f" AND {match}{must} OFFSET 0) c ORDER BY t.score DESC, c.id LIMIT %s",
+            " CROSS JOIN LATERAL (SELECT d.chunk_id, d.document_id FROM fulltext_docs d"
+            " WHERE d.knowledge_base_id = %s AND d.ordinal = t.ordinal UNION ALL SELECT l.chunk_id, l.document_id"
+            " FROM fulltext_l0 l WHERE l.knowledge_base_id = %s AND l.chunk_id = t.chunk) k"
+            f" {check} ORDER BY t.score DESC, c.id LIMIT %s",
             [_array_literal(key if key >= 0 else "NULL" for key in keys),
              _array_literal(l0_chunks[-1 - key] if key < 0 else "NULL" for key in keys),
-             _array_literal(repr(float(score)) for score in scores[batch].tolist()), kb_id,
-             *params, *([query.tsquery] if must else []), limit - len(hits)],
+             _array_literal(repr(float(score)) for score in scores[batch].tolist()), kb_id, kb_id,
+             *params, limit - len(hits)],
         )
         hits += [PathHit(int(chunk_id), float(score)) for chunk_id, score in cursor.fetchall()]
         if len(hits) >= limit:

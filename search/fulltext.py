@@ -17,7 +17,8 @@
 - **统计不单独维护**：N、平均长度、df 都是“段里的 + L0 的 - 删除集的”，在查询的同一个 REPEATABLE READ 快照里读出，
   永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
 - **打分在服务里**（:mod:`search.bm25`）：取查询词的词典条目与额度内的倒排块，numpy 解码、打分、去掉删除集，前若干名
-  换成分块 id 再回表检查范围。短语、布尔、exact 查询另外要求分块满足 ``search_vector @@ tsquery``
+  换成分块 id 再回表检查范围（没有过滤条件的普通查询只查序号表与 L0 里记着的文档，不读分块行）。
+  短语、布尔、exact 查询另外要求分块满足 ``search_vector @@ tsquery``
   （回表时逐行检查；tsvector 保留，它的 GIN 在 ``documents.0011`` 删掉了，没有查询用得上）。
   查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，只有额度里要读它的倒排时
   才取以它开头的词典块（常用字开头的词位有上千个）。
@@ -29,7 +30,8 @@
 ====================================  ==========================================================================
 ``fulltext_storage.vN.sql``           全文表的定义：v2 建 L0、序号表、删除集、段、词典块与倒排块（统计行
                                       ``fulltext_kb_stats`` 是 Django 模型，见 ``search.models``）；v1 的倒排表
-                                      由 v2 删掉；v3 加每个段按首字汇总的 df（前缀词的 df 不必读遍词典块）
+                                      由 v2 删掉；v3 加每个段按首字汇总的 df（前缀词的 df 不必读遍词典块）；
+                                      v4 给 L0 与序号表加上分块所属的文档（回表检查不读分块行）
 ``fulltext_chunk_terms.vN.sql``       ``fulltext_chunk_terms()``：tsvector → 词位与标题/正文词频数组
                                       （写 L0、回填、重建共用）
 ``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数（写 L0、记删除集）
@@ -49,7 +51,8 @@
   和这些文件逐一比较，漂移会被测出来。
 - 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；v1 就是这样来的：
   ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。v2 由 ``search.0008_fulltext_segments`` 应用，
-  v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用。
+  v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用，存储 v4 与触发器函数 v3（记下文档）由
+  ``search.0010_fulltext_document_ids`` 应用。
 
 查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。
@@ -103,13 +106,19 @@ class ChunkScope:
     """检索范围：对 ``document_chunks c`` 的 SQL 条件（不以 AND 开头）与它的参数。
 
     由 :mod:`search.retrieval` 按知识库、文档状态与调用方的过滤条件生成，两路召回共用；引擎原样拼进自己的查询。
+    ``documents`` 只在调用方没有给分块级的过滤条件时才有：这时范围正好是“这些文档里的可检索分块”，它是对
+    ``documents d`` 的条件与参数。引擎记着每个分块所属的文档，可以按主键查文档表，不读分块行。
     """
 
     sql: str
     params: list[Any] = field(default_factory=list)
-    # 调用方给了元数据过滤：范围会筛掉不少候选，引擎回表检查时第一批要多取（没有过滤时只有非 completed 文档的分块
-    # 被筛掉，取够 limit 个几乎总是一批就完）
-    filtered: bool = True
+    documents: tuple[str, list[Any]] | None = None
+
+    @property
+    def filtered(self) -> bool:
+        """调用方给了元数据过滤：范围会筛掉不少候选，引擎回表检查时第一批要多取（没有过滤时只有非 completed 文档
+        的分块被筛掉，取够 limit 个几乎总是一批就完）。"""
+        return self.documents is None
 
 
 @dataclass(frozen=True)

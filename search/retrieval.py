@@ -49,15 +49,18 @@ class ChunkRow:
     document_created: Any = None
 
 
+def _documents_sql(kb: KnowledgeBase) -> tuple[str, list[Any]]:
+    """检索范围里的文档：对 ``documents d`` 的条件（知识库内、completed）与参数。"""
+    return "d.knowledge_base_id = %s AND d.status = %s", [kb.id, Document.Status.COMPLETED]
+
+
 def _scope_sql(kb: KnowledgeBase, filters: SearchFilters) -> tuple[str, list[Any]]:
     """检索范围：知识库内、completed 文档的普通块与子块。文档状态用半连接判断，便于规划器走向量/GIN 索引。"""
     extra, params = filters.sql()
-    sql = (
-        "c.knowledge_base_id = %s AND c.role <> 'parent'"
-        " AND c.document_id IN (SELECT d.id FROM documents d WHERE d.knowledge_base_id = %s AND d.status = %s)"
-        + extra
-    )
-    return sql, [kb.id, kb.id, Document.Status.COMPLETED, *params]
+    documents, document_params = _documents_sql(kb)
+    sql = (f"c.knowledge_base_id = %s AND c.role <> 'parent'"
+           f" AND c.document_id IN (SELECT d.id FROM documents d WHERE {documents})" + extra)
+    return sql, [kb.id, *document_params, *params]
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ def vector_literal(vector: np.ndarray) -> str:
 def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilters, limit: int) -> FulltextHits:
     """全文检索：检索范围内与查询匹配的分块，按相关性（默认 BM25）降序的前 ``limit`` 个。"""
     sql, params = _scope_sql(kb, filters)
-    return fulltext_engine().search(kb.id, query, ChunkScope(sql, params, filtered=filters != SearchFilters()), limit)
+    documents = _documents_sql(kb) if filters == SearchFilters() else None
+    return fulltext_engine().search(kb.id, query, ChunkScope(sql, params, documents), limit)
 
 
 def fulltext_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:

@@ -1,8 +1,8 @@
 """全文引擎 v2 的写侧：把 L0 合并成段、合并相邻的段、整库删除、重建与核对。
 
-存储布局（表的定义与为什么见 ``search/sql/fulltext_storage.v2.sql``）：
+存储布局（表的定义与为什么见 ``search/sql/fulltext_storage.v2.sql`` 及之后各版）：
 
-- 写入分块时触发器只往 ``fulltext_l0`` 追加一行（``fulltext_stats_maintain.v2.sql``）；
+- 写入分块时触发器只往 ``fulltext_l0`` 追加一行（``fulltext_stats_maintain.v3.sql``）；
 - :func:`compact` 在一个事务里取走一个知识库 L0 的一批行，按顺序分配稠密的 int4 序号，编成一个新段
   （词典块 + 倒排块，字节格式见 :mod:`raglib.lexicon`、:mod:`raglib.postings`），再按合并策略并掉相邻的小段；
   并段按词位分片（约每 ``_SLICE_DOCS`` 个分块一片）读各段、编好一片写一片，进程内存与并出的段多大无关；
@@ -127,7 +127,7 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
             "WITH picked AS MATERIALIZED (SELECT chunk_id FROM fulltext_l0 WHERE knowledge_base_id = %s"
             " ORDER BY chunk_id LIMIT %s FOR UPDATE SKIP LOCKED)"
             " DELETE FROM fulltext_l0 l USING picked WHERE l.knowledge_base_id = %s AND l.chunk_id = picked.chunk_id"
-            " RETURNING l.chunk_id, l.length, l.lexemes, l.title_tf, l.body_tf",
+            " RETURNING l.chunk_id, l.length, l.lexemes, l.title_tf, l.body_tf, l.document_id",
             [kb_id, batch, kb_id],
         )
         rows = sorted(cursor.fetchall())
@@ -138,9 +138,10 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
             _write_segment(cursor, kb_id, _Segment(next_segment, next_ordinal, end, len(rows)),
                            build_segment(lexemes, postings))
             cursor.execute(
-                "INSERT INTO fulltext_docs (knowledge_base_id, ordinal, chunk_id, length)"
-                " SELECT %s, o, c, l FROM unnest(%s::int[], %s::bigint[], %s::int[]) AS r(o, c, l)",
-                [kb_id, list(range(next_ordinal, end)), [row[0] for row in rows], [row[1] for row in rows]],
+                "INSERT INTO fulltext_docs (knowledge_base_id, ordinal, chunk_id, length, document_id)"
+                " SELECT %s, o, c, l, d FROM unnest(%s::int[], %s::bigint[], %s::int[], %s::uuid[]) AS r(o, c, l, d)",
+                [kb_id, list(range(next_ordinal, end)), [row[0] for row in rows], [row[1] for row in rows],
+                 [row[5] for row in rows]],
             )
             cursor.execute(
                 "UPDATE fulltext_kb_stats SET chunk_count = chunk_count + %s, total_length = total_length + %s,"
@@ -439,8 +440,9 @@ def rebuild(kb_id: uuid.UUID) -> CompactResult:
                        " next_segment) VALUES (%s, 0, 0, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
         # 锁住这些分块不让并发的删除插队：删除等到这里提交，它的触发器才看得到 L0 的行并删掉它
         cursor.execute(
-            "INSERT INTO fulltext_l0 (knowledge_base_id, chunk_id, length, lexemes, title_tf, body_tf)"
-            " SELECT c.knowledge_base_id, c.id, coalesce(c.search_length, 0), t.lexemes, t.title_tf, t.body_tf"
+            "INSERT INTO fulltext_l0 (knowledge_base_id, chunk_id, document_id, length, lexemes, title_tf, body_tf)"
+            " SELECT c.knowledge_base_id, c.id, c.document_id, coalesce(c.search_length, 0), t.lexemes, t.title_tf,"
+            " t.body_tf"
             " FROM (SELECT * FROM document_chunks WHERE knowledge_base_id = %s AND role <> 'parent' FOR KEY SHARE) c"
             " CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector) t ON CONFLICT DO NOTHING",
             [kb_id],
@@ -457,7 +459,7 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
 
     比较三样：可见的倒排（段里的减去删除集，加上 L0）与按 tsvector 重算的逐条相同（词频封顶、长度量化之后）；
     N 与总词数（统计行 + L0 - 删除集）；每个词的 df（各段词典 + L0 - 删除集）。另外检查每个可检索分块恰好在
-    L0 或序号表里出现一次，删除集的按词计数等于已折叠的那些行。
+    L0 或序号表里出现一次、记着的文档就是它所属的文档，删除集的按词计数等于已折叠的那些行。
     """
     problems: list[str] = []
     with connection.cursor() as cursor:
@@ -476,6 +478,11 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
         l0 = cursor.fetchall()
         cursor.execute("SELECT ordinal, chunk_id, length FROM fulltext_docs WHERE knowledge_base_id = %s", [kb_id])
         docs = {int(o): (int(c), int(n)) for o, c, n in cursor.fetchall()}
+        cursor.execute("SELECT x.chunk_id FROM (SELECT chunk_id, document_id FROM fulltext_l0"
+                       " WHERE knowledge_base_id = %s UNION ALL SELECT chunk_id, document_id FROM fulltext_docs"
+                       " WHERE knowledge_base_id = %s) x LEFT JOIN document_chunks c ON c.id = x.chunk_id"
+                       " WHERE c.document_id IS DISTINCT FROM x.document_id ORDER BY 1 LIMIT 20", [kb_id, kb_id])
+        problems += [f"chunk {chunk_id} indexed under another document" for (chunk_id,) in cursor.fetchall()]
         cursor.execute("SELECT ordinal, length, lexemes FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
         deleted = cursor.fetchall()
         lexemes, postings = _read_segments(cursor, kb_id, [s.segment_id for s in _segments(cursor, kb_id)])

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from django.conf import settings as django_settings
 from django.db import close_old_connections, connection
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
 from documents.services import document_delete, document_reindex, document_upload
 from infra.principal import SYSTEM_PRINCIPAL
+from infra.routers import search_connection
 from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_delete
 from raglib import analysis
@@ -426,6 +428,28 @@ def test_unfiltered_search_fills_limit_past_chunks_of_unfinished_documents(medic
     expected = [(h.chunk_id, h.value) for h in everything if h.chunk_id not in hidden][:3]
     assert len(expected) == 3
     assert [(h.chunk_id, h.value) for h in fulltext_search(medical, query, SearchFilters(), limit=3).hits] == expected
+
+@pytest.mark.django_db
+def test_unfiltered_plain_search_checks_scope_without_reading_chunk_rows(medical: KnowledgeBase) -> None:
+    """没有过滤条件的普通查询按引擎记着的文档检查范围（L0 里的与段里的分块都是），不读 document_chunks；
+    有过滤条件或短语查询时照旧回表。两种方式的结果相同。"""
+    plain, phrase = parse_query("高血压 饮食 肝功能"), parse_query('"高血压"')
+    documents = SearchFilters(document_ids=tuple(str(d) for d in Document.objects.filter(
+        knowledge_base=medical).values_list("id", flat=True)))
+
+    def run(query: ParsedQuery, filters: SearchFilters) -> tuple[list[tuple[int, float]], bool]:
+        with CaptureQueriesContext(search_connection()) as captured:
+            hits = fulltext_search(medical, query, filters, limit=10).hits
+        statements = [query["sql"] for query in captured.captured_queries]
+        return [(h.chunk_id, h.value) for h in hits], any("document_chunks" in sql for sql in statements)
+
+    for _ in ("L0", "segments"):
+        unfiltered, read_chunks = run(plain, SearchFilters())
+        assert unfiltered and not read_chunks
+        assert run(plain, documents) == (unfiltered, True)
+        assert run(phrase, SearchFilters())[1]
+        segments.compact(medical.id)
+
 
 @pytest.mark.parametrize("seed", range(20))
 def test_scope_check_batches_are_the_full_ranking_cut_at_ties(seed: int) -> None:
