@@ -15,9 +15,9 @@
    写入分轮交替：偶数轮 1 个写入进程，奇数轮 2 个（各自的连接，同一个知识库），两种方式看到的表大小相近，
    比值才不被表的增长带偏。
 2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
-3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``），另列 tsvector 列
-   （``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，旧代码树上才有）；
-   都除以分块数。
+3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``）与其中存活的行数据之和，
+   另列 tsvector 列（``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，
+   旧代码树上才有）；都除以分块数。
 4. 查询：``fulltext_search``（BM25，limit 10，含 ``parse_query``）先预热 20 个，再计时 ``--queries`` 个。
 5. Lucene：同一批文本与查询交给另一个装了 pyserini 的解释器（``--lucene-python``；pyserini 要 Java 21 与它自己的
    一堆依赖，不装进项目的 .venv）：Anserini ``IndexCollection -language zh``（CJKAnalyzer 的字 bigram，不存位置）
@@ -126,6 +126,7 @@ setup_django()
 
 from django.conf import settings  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
+from psycopg import sql as psql  # noqa: E402
 
 import search  # noqa: E402
 from bench.fulltext_scale import (  # noqa: E402
@@ -402,6 +403,12 @@ def sizes(kb: KnowledgeBase) -> dict[str, Any]:
             " ORDER BY pg_total_relation_size(c.oid) DESC")
         tables = [{"name": name, "heap": int(heap), "indexes": int(indexes), "toast": int(toast), "total": int(total),
                    "rows": int(rows)} for name, heap, indexes, toast, total, rows in cursor.fetchall()]
+        # 存活的行本身多大（各行的数据之和，不含行头、页里的空闲空间）：并段写新段、删旧段，旧段的页要等 VACUUM 之后
+        # 才给下一次写段重用，批量导入刚结束时表文件里有不少空页，磁盘大小与数据大小要分开看
+        for table in tables:
+            cursor.execute(psql.SQL("SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM {} t").format(
+                psql.Identifier(table["name"])))
+            table["live"] = int(cursor.fetchone()[0])
         cursor.execute("SELECT count(*), coalesce(sum(pg_column_size(search_vector)), 0) FROM document_chunks"
                        " WHERE knowledge_base_id = %s", [kb.id])
         chunks, column = (int(value) for value in cursor.fetchone())
@@ -414,11 +421,12 @@ def sizes(kb: KnowledgeBase) -> dict[str, Any]:
 def _print_sizes(report: dict[str, Any]) -> None:
     chunks = report["chunks"]
     print(f"  大小（{chunks:,} 个分块；字节/分块）", flush=True)
-    print(f"    {'relation':<24} {'rows':>12} {'heap':>10} {'indexes':>10} {'toast':>10} {'total':>10}")
+    print(f"    {'relation':<24} {'rows':>12} {'heap':>10} {'indexes':>10} {'toast':>10} {'total':>10}"
+          f" {'live rows':>10}")
     for table in report["tables"]:
         print(f"    {table['name']:<24} {table['rows']:>12,} {table['heap'] / chunks:>10,.0f}"
               f" {table['indexes'] / chunks:>10,.0f} {table['toast'] / chunks:>10,.0f}"
-              f" {table['total'] / chunks:>10,.0f}")
+              f" {table['total'] / chunks:>10,.0f} {table['live'] / chunks:>10,.0f}")
     engine, column, gin = report["engine"], report["tsvector"], report["gin"]
     print(f"    全文引擎的表合计 {engine / 2**20:,.1f} MB = {engine / chunks:,.0f} B/分块；tsvector 列"
           f" {column / chunks:,.0f} B/分块，GIN {gin / chunks:,.0f} B/分块；三者合计"
