@@ -474,11 +474,14 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
     做完全相同。同分按分块 id 升序：同分的候选不拆到两批里（拆开就可能把 id 更小的那个留到下一批）。
     """
     hits: list[PathHit] = []
-    narrow = scope.filtered or query.type != "plain"
-    first = max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN) if narrow else limit
-    if narrow or scope.documents is None:
-        # 要看分块行（元数据过滤、tsquery、exact 的原文包含）：逐个候选按主键回表（OFFSET 0 阻止展平：展平成连接时
-        # 规划器低估候选数，曾把整个知识库的分块读出来做哈希连接，100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
+    # 没有过滤条件的普通查询只看分块所属的文档（ChunkScope.documents）；其余的要看分块行
+    documents = scope.documents if query.type == "plain" else None
+    # 要看分块行时范围会筛掉不少候选，第一批多取；只看文档时筛掉的只有非 completed 文档的分块，
+    # 取够 limit 个几乎总是一批就完
+    first = limit if documents is not None else max(limit * _BM25_FIRST_BATCH, _BM25_FIRST_MIN)
+    if documents is None:
+        # 元数据过滤、tsquery、exact 的原文包含：逐个候选按主键回表（OFFSET 0 阻止展平：展平成连接时规划器低估候选数，
+        # 曾把整个知识库的分块读出来做哈希连接，100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
         match, params = _match_sql(query, scope)
         must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
         check = (f"CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = k.chunk_id AND {match}{must}"
@@ -488,9 +491,9 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
         # 范围只是“completed 文档里的可检索分块”：L0 与序号表记着每个分块的文档，只查文档表，不读分块行
         # （冷缓存时每个候选少两次随机读，bench/pages/fulltext_scale.md 的“冷缓存与回表”）
         # 按文档主键逐个查（EXISTS），不把库里全部 completed 文档读出来做哈希：一个条目一份文档的库有上万份
-        documents, params = scope.documents
+        condition, params = documents
         check = ("CROSS JOIN LATERAL (SELECT k.chunk_id AS id WHERE EXISTS (SELECT 1 FROM documents d"
-                 f" WHERE d.id = k.document_id AND {documents})) c")
+                 f" WHERE d.id = k.document_id AND {condition})) c")
     for batch in _batches(docs, scores, limit, first):
         keys = docs[batch].tolist()
         # 段里的候选给序号、L0 的给分块 id，在同一条语句里换成分块 id 与文档（少一次往返）；序号在这个快照里不在

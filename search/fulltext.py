@@ -114,12 +114,6 @@ class ChunkScope:
     params: list[Any] = field(default_factory=list)
     documents: tuple[str, list[Any]] | None = None
 
-    @property
-    def filtered(self) -> bool:
-        """调用方给了元数据过滤：范围会筛掉不少候选，引擎回表检查时第一批要多取（没有过滤时只有非 completed 文档
-        的分块被筛掉，取够 limit 个几乎总是一批就完）。"""
-        return self.documents is None
-
 
 @dataclass(frozen=True)
 class Bm25Statistics:
