@@ -276,11 +276,17 @@ def _han_words(run: str) -> tuple[Word, ...]:
     return _segment_cached(run) if len(run) <= 64 else _segment(run)
 
 
+def _bigram_lexemes(run: str) -> list[str]:
+    """一段纯汉字 → 每个字一个位置：字 bigram，串尾补一个 unigram；单字的串就是它自己。"""
+    return [*(run[i:i + 2] for i in range(len(run) - 1)), run[-1]]
+
+
 def _bigrams(run: str) -> list[Word]:
-    """一段纯汉字 → 每个字一个位置：字 bigram，串尾补一个 unigram；单字的串就是一个（可前缀匹配的）单字。"""
+    """:func:`_bigram_lexemes` 加上查询要的标记：单字的串可前缀匹配，多字串串尾的 unigram 是 ``tail``。"""
     if len(run) == 1:
         return [Word(run, prefix=True)]
-    return [*(Word(run[i:i + 2]) for i in range(len(run) - 1)), Word(run[-1], tail=True)]
+    *grams, last = _bigram_lexemes(run)
+    return [*(Word(gram) for gram in grams), Word(last, tail=True)]
 
 
 def _bigrams_and_words(run: str) -> list[Word]:
@@ -347,9 +353,7 @@ def _document_lexemes(text: str, analyzer: Analyzer | str) -> tuple[list[str], l
                 if starts is not None:
                     starts.append(True)
         elif starts is None:
-            # 与 _bigrams 相同：每个字起一个 bigram，串尾补一个 unigram；单字的串就是它自己
-            lexemes.extend([run[i:i + 2] for i in range(len(run) - 1)])
-            lexemes.append(run[-1])
+            lexemes.extend(_bigram_lexemes(run))
         else:
             for word in _HAN_SPLITTERS[analyzer](run):
                 lexemes.append(word.lexeme)
@@ -411,8 +415,7 @@ class _VectorBuilder:
         self.size, self.position = size, position
 
     def literal(self) -> str:
-        # quote_lexeme 的写法就地展开：每个分块两三百个词位，省下的是函数调用
-        return " ".join("'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "':" + ",".join(positions[1:])
+        return " ".join(quote_lexeme(lexeme) + ":" + ",".join(positions[1:])
                         for lexeme, positions in self.entries.items())
 
 
