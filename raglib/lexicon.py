@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from raglib.postings import BLOCK_SIZE, Postings, build_blocks, decode_blocks
+from raglib.postings import BLOCK_SIZE, Postings, decode_joined, encode_blocks
 
 # 一个词的倒排编码后不超过这么多字节就内联进词典（约 20 个倒排）：再大就值得单独一行
 INLINE_MAX_BYTES = 96
@@ -64,46 +64,63 @@ class SegmentRows:
     prefixes: list[tuple[str, int]]
 
 
-def prefix_dfs(entries: Iterable[Entry]) -> list[tuple[str, int]]:
-    """按首字汇总的 df：以每个字开头的各词位的段内 df 之和，按首字升序。
+def prefix_dfs(lexemes: Sequence[str], dfs: Sequence[int] | np.ndarray) -> list[tuple[str, int]]:
+    """按首字汇总的 df：以每个字开头的各词位的段内 df 之和，按首字升序。``lexemes`` 须已按词位升序排好
+    （同首字的词位因此相邻，一次分段求和）。
 
     查询里孤立的单字是前缀词（``'为':*``，见 :mod:`raglib.analysis`），它的 df 就是这个和。常用字开头的词位有上千个，
     散在几十上百个词典块里；查询时为了一个 df 把它们全读出来解析，是全文一路最慢的那一截
     （bench/pages/fulltext_engine.md），而这样的词多半因为太常见根本不读倒排（``raglib.bm25.allot_postings``）。
     段写出时算好，查询只查一行。
     """
-    sums: dict[str, int] = {}
-    for entry in entries:
-        sums[entry.lexeme[0]] = sums.get(entry.lexeme[0], 0) + entry.df
-    return sorted(sums.items())
+    if not lexemes:
+        return []
+    firsts = [lexeme[0] for lexeme in lexemes]
+    codes = np.fromiter(map(ord, firsts), dtype=np.int64, count=len(firsts))
+    if np.any(codes[1:] < codes[:-1]):
+        raise ValueError("词位须按升序排好")
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    sums = np.add.reduceat(np.asarray(dfs, dtype=np.int64), starts)
+    return [(firsts[start], total) for start, total in zip(starts.tolist(), sums.tolist(), strict=True)]
 
 
-def _encode_block(entries: Sequence[Entry]) -> bytes:
-    names = b"\x00".join(entry.lexeme.encode("utf-8") for entry in entries)
-    inline = [entry.inline or b"" for entry in entries]
-    return b"".join([
-        _HEADER.pack(len(entries), len(names)), names,
-        np.array([entry.df for entry in entries], dtype="<u4").tobytes(),
-        np.array([len(data) for data in inline], dtype="<u2").tobytes(),
-        *inline,
-    ])
+def _encode_columns(lexemes: Sequence[str], dfs: np.ndarray, inline_lengths: np.ndarray,
+                    inline: bytes) -> list[tuple[str, bytes]]:
+    """按词位排好序的词（按列：词位、df、各词内联倒排的字节数，与按同一顺序首尾相接的内联倒排）切成词典块：
+    每块到 ``DICTIONARY_BLOCK_BYTES`` 左右就开新块。
+
+    一个块的 df、长度与内联倒排都是整列里连续的一段，直接切片拼接：合并一个段要写上百万个词，逐词构造、逐块
+    打包曾占合并时间的一半。"""
+    encoded = [lexeme.encode("utf-8") for lexeme in lexemes]
+    inline_lengths = np.asarray(inline_lengths, dtype=np.int64)
+    if inline_lengths.size and inline_lengths.max() > 0xFFFF:
+        raise ValueError("内联倒排超过 65535 字节")
+    costs = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + 7 + inline_lengths
+    bounds = np.r_[0, np.cumsum(costs)].tolist()
+    inline_at = np.r_[0, np.cumsum(inline_lengths)].tolist()
+    df_bytes = np.asarray(dfs, dtype="<u4").tobytes()
+    length_bytes = inline_lengths.astype("<u2").tobytes()
+    blocks: list[tuple[str, bytes]] = []
+    start = 0
+    while start < len(encoded):
+        # 一块收下累计字节不超过上限的最长一段（至少一个词）：与逐词累加、超了就开新块相同
+        end = max(start + 1, bisect.bisect_right(bounds, bounds[start] + DICTIONARY_BLOCK_BYTES) - 1)
+        names = b"\x00".join(encoded[start:end])
+        blocks.append((lexemes[start], b"".join([
+            _HEADER.pack(end - start, len(names)), names, df_bytes[4 * start:4 * end],
+            length_bytes[2 * start:2 * end], inline[inline_at[start]:inline_at[end]],
+        ])))
+        start = end
+    return blocks
 
 
 def encode_dictionary(entries: Iterable[Entry]) -> list[tuple[str, bytes]]:
     """按词位排好序的词切成词典块：每块到 ``DICTIONARY_BLOCK_BYTES`` 左右就开新块。"""
-    blocks: list[tuple[str, bytes]] = []
-    current: list[Entry] = []
-    size = 0
-    for entry in entries:
-        cost = len(entry.lexeme.encode("utf-8")) + 7 + len(entry.inline or b"")
-        if current and size + cost > DICTIONARY_BLOCK_BYTES:
-            blocks.append((current[0].lexeme, _encode_block(current)))
-            current, size = [], 0
-        current.append(entry)
-        size += cost
-    if current:
-        blocks.append((current[0].lexeme, _encode_block(current)))
-    return blocks
+    entries = list(entries)
+    inline = [entry.inline or b"" for entry in entries]
+    return _encode_columns([entry.lexeme for entry in entries],
+                           np.array([entry.df for entry in entries], dtype=np.int64),
+                           np.fromiter(map(len, inline), dtype=np.int64, count=len(inline)), b"".join(inline))
 
 
 class DictionaryBlock:
@@ -167,22 +184,30 @@ def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
     """一个段的行：``lexemes`` 按 "C" 序（UTF-8 字节序，也就是 Python 的字符串顺序）排好、互不相同，
     ``postings.terms`` 是其中的下标。
 
-    每个词的倒排按 :func:`raglib.postings.build_blocks` 切块；只有一块且不超过 ``INLINE_MAX_BYTES`` 的内联进词典。
+    每个词的倒排按 :func:`raglib.postings.encode_blocks` 切块；只有一块且不超过 ``INLINE_MAX_BYTES`` 的内联进词典。
     """
-    by_term: dict[int, list[tuple[int, bytes]]] = {}
-    for block in build_blocks(postings):
-        by_term.setdefault(block.term, []).append((block.number, block.data))
-    counts = np.bincount(postings.terms, minlength=len(lexemes)) if len(postings) else np.zeros(len(lexemes), int)
-    entries: list[Entry] = []
-    rows: list[tuple[str, int, bytes]] = []
-    for term, blocks in sorted(by_term.items()):
-        lexeme = lexemes[term]
-        if len(blocks) == 1 and len(blocks[0][1]) <= INLINE_MAX_BYTES:
-            entries.append(Entry(lexeme, int(counts[term]), blocks[0][1]))
-        else:
-            entries.append(Entry(lexeme, int(counts[term]), None))
-            rows.extend((lexeme, number, data) for number, data in blocks)
-    return SegmentRows(encode_dictionary(entries), rows, prefix_dfs(entries))
+    encoded = encode_blocks(postings)
+    if not len(encoded):
+        return SegmentRows([], [], [])
+    # 块按 (词, 块号) 排好：每个词的第一块是一段的起点
+    firsts = np.flatnonzero(np.r_[True, encoded.terms[1:] != encoded.terms[:-1]])
+    terms = encoded.terms[firsts]
+    block_counts = np.diff(np.r_[firsts, len(encoded)])
+    inline = (block_counts == 1) & (encoded.sizes[firsts] <= INLINE_MAX_BYTES)
+    inline_blocks = np.zeros(len(encoded), dtype=bool)
+    inline_blocks[firsts[inline]] = True
+    names = [lexemes[term] for term in terms.tolist()]
+    dfs = np.bincount(postings.terms, minlength=len(lexemes))[terms]
+    # 内联的块在 raw 里按词的顺序排着：按字节掩码取出就是词典要的首尾相接的内联倒排
+    dictionary = _encode_columns(names, dfs, np.where(inline, encoded.sizes[firsts], 0),
+                                 encoded.raw[np.repeat(inline_blocks, encoded.sizes)].tobytes())
+    raw = encoded.raw.tobytes()
+    separate = np.flatnonzero(~inline_blocks)
+    starts = encoded.offsets[separate].tolist()
+    rows = [(lexemes[term], number, raw[start:start + size]) for term, number, start, size in zip(
+        encoded.terms[separate].tolist(), encoded.numbers[separate].tolist(), starts,
+        encoded.sizes[separate].tolist(), strict=True)]
+    return SegmentRows(dictionary, rows, prefix_dfs(names, dfs))
 
 
 def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]], *,
@@ -190,13 +215,41 @@ def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]
     """:func:`build_segment` 的逆：一个段的词典块与倒排块 (lexeme, data) → (词位表, 倒排)，合并时用。
 
     给了 ``low`` / ``high`` 时只要词位在 [low, high) 里的（并段按词位分片读，跨片边界的词典块两片都会读到）；
-    ``blocks`` 应当已按同样的范围取好。
+    ``blocks`` 应当已按同样的范围取好。词典块按列读：词位表整块解码一次，内联倒排整段切下（它们在块里本来就
+    首尾相接），不为每个词构造条目。
     """
-    entries = [entry for data in dictionary for entry in decode_dictionary_block(data)
-               if (low is None or entry.lexeme >= low) and (high is None or entry.lexeme < high)]
-    # Python 的字符串按码点比较，与 UTF-8 字节序（"C" 排序规则）一致
-    lexemes = sorted({entry.lexeme for entry in entries})
-    index = {lexeme: i for i, lexeme in enumerate(lexemes)}
-    pairs = [(index[entry.lexeme], entry.inline) for entry in entries if entry.inline is not None]
-    pairs += [(index[lexeme], data) for lexeme, data in blocks]
-    return lexemes, decode_blocks(pairs) if pairs else Postings.empty()
+    # 词典块的词位范围互不相交：按首词排好，词位表就是升序的（取出的行不保证顺序）
+    parts = sorted((_dictionary_columns(data) for data in dictionary), key=lambda part: part[0][0])
+    lexemes: list[str] = []
+    joined: list[bytes] = []
+    lengths: list[np.ndarray] = []
+    terms: list[np.ndarray] = []
+    for names, inline_lengths, inline in parts:
+        first = bisect.bisect_left(names, low) if low is not None else 0
+        last = bisect.bisect_left(names, high) if high is not None else len(names)
+        taken = inline_lengths[first:last]
+        at = int(inline_lengths[:first].sum())
+        joined.append(inline[at:at + int(taken.sum())])
+        lengths.append(taken[taken > 0])
+        terms.append(len(lexemes) + np.flatnonzero(taken > 0))
+        lexemes += names[first:last]
+    # 倒排块表里的词（段内 df 大的）都在词典里：在排好的词位表里二分找下标
+    block_terms: list[int] = []
+    for lexeme, data in blocks:
+        index = bisect.bisect_left(lexemes, lexeme)
+        if index == len(lexemes) or lexemes[index] != lexeme:
+            raise ValueError(f"倒排块的词 {lexeme!r} 不在词典里")
+        joined.append(data)
+        block_terms.append(index)
+    lengths.append(np.fromiter(map(len, joined[len(parts):]), dtype=np.int64, count=len(block_terms)))
+    terms.append(np.array(block_terms, dtype=np.int64))
+    return lexemes, decode_joined(b"".join(joined), np.concatenate(lengths), np.concatenate(terms))
+
+
+def _dictionary_columns(data: bytes) -> tuple[list[str], np.ndarray, bytes]:
+    """一个词典块的 (词位表, 各词内联倒排的字节数, 首尾相接的内联倒排)。"""
+    n, names_length = _HEADER.unpack_from(data)
+    names_end = _HEADER.size + names_length
+    names = data[_HEADER.size:names_end].decode("utf-8").split("\x00")
+    inline_lengths = np.frombuffer(data, dtype="<u2", count=n, offset=names_end + 4 * n).astype(np.int64)
+    return names, inline_lengths, data[names_end + 6 * n:]

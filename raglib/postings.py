@@ -171,23 +171,32 @@ class Postings:
         return self.select(np.isin(self.terms, terms))
 
 
-@dataclass(frozen=True)
-class Block:
-    """一个词的一块倒排：``number`` 是这个词在一次构建里的块号（0 号影响力最高），``data`` 见模块说明。"""
-
-    term: int
-    number: int
-    max_impact: int
-    count: int
-    data: bytes
-
-
 def _first_of_runs(values: np.ndarray) -> np.ndarray:
     """有序数组里每一段相同值的起点下标。"""
     return np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
 
 
-def build_blocks(postings: Postings) -> list[Block]:
+@dataclass(frozen=True)
+class EncodedBlocks:
+    """:func:`encode_blocks` 的结果，按列存：第 i 块是词 ``terms[i]`` 的 ``numbers[i]`` 号块，数据是
+    ``raw[offsets[i]:offsets[i] + sizes[i]]``，各块按 (词, 块号) 排好、在 ``raw`` 里首尾相接。
+
+    合并一个段要编几十万到上百万块（罕见词一词一块），每块一个 Python 对象时光是构造就占了合并时间的一成多；
+    段的写出（:func:`raglib.lexicon.build_segment`）直接在这几列上切片。"""
+
+    terms: np.ndarray  # int64
+    numbers: np.ndarray  # int64
+    max_impacts: np.ndarray  # int64
+    counts: np.ndarray  # int64
+    offsets: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+    raw: np.ndarray  # uint8
+
+    def __len__(self) -> int:
+        return int(self.terms.shape[0])
+
+
+def encode_blocks(postings: Postings) -> EncodedBlocks:
     """把倒排打成块，按 (词, 块号) 排好。同一个 (词, doc) 出现两次是上游的错，直接报错。
 
     三次整体排序，没有逐条倒排的 Python 循环：先按 (词, doc) 排并查重；再稳定地按 (词, 影响力降序)
@@ -197,7 +206,8 @@ def build_blocks(postings: Postings) -> list[Block]:
     """
     n = len(postings)
     if n == 0:
-        return []
+        empty = np.zeros(0, dtype=np.int64)
+        return EncodedBlocks(empty, empty, empty, empty, empty, empty, np.zeros(0, dtype=np.uint8))
     docs = postings.docs
     if docs.min() < 0 or docs.max() >= 2**32:
         raise ValueError("块里的 doc 必须在 [0, 2^32) 内")
@@ -222,9 +232,9 @@ def build_blocks(postings: Postings) -> list[Block]:
     rank = np.arange(n) - np.repeat(term_starts, np.diff(np.r_[term_starts, n]))  # 在本词里的名次
     opens_block = rank % BLOCK_SIZE == 0
     block_starts = np.flatnonzero(opens_block)
-    block_terms = ((key[block_starts] >> np.uint64(16)).astype(np.int64) + low).tolist()
-    block_numbers = (rank[block_starts] // BLOCK_SIZE).tolist()
-    block_max = (32767 - (key[block_starts] & np.uint64(0xFFFF)).astype(np.int64)).tolist()  # 每块第一条最高
+    block_terms = (key[block_starts] >> np.uint64(16)).astype(np.int64) + low
+    block_numbers = rank[block_starts] // BLOCK_SIZE
+    block_max = 32767 - (key[block_starts] & np.uint64(0xFFFF)).astype(np.int64)  # 每块第一条最高
     # 块内按 doc 升序：块序号在这个顺序里不减，重排只发生在各块内部，块的起点不变
     key = ((np.cumsum(opens_block) - 1).astype(np.uint64) << np.uint64(32)) | docs.astype(np.uint64)
     del rank, opens_block
@@ -259,11 +269,7 @@ def build_blocks(postings: Postings) -> list[Block]:
     buf[tf_at + post_count] = postings.body_tf[order]
     buf[tf_at + 2 * post_count] = postings.norms[order]
 
-    raw = buf.tobytes()
-    ends = (offsets + sizes).tolist()
-    return [Block(term, number, max_impact, count, raw[start:end])
-            for term, number, max_impact, count, start, end
-            in zip(block_terms, block_numbers, block_max, counts.tolist(), offsets.tolist(), ends, strict=True)]
+    return EncodedBlocks(block_terms, block_numbers, block_max, counts, offsets, sizes.astype(np.int64), buf)
 
 
 def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
@@ -275,9 +281,21 @@ def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
     if not blocks:
         return Postings.empty()
     datas = [data for _, data in blocks]
-    lengths = np.fromiter((len(data) for data in datas), dtype=np.int64, count=len(datas))
+    return decode_joined(b"".join(datas), np.fromiter(map(len, datas), dtype=np.int64, count=len(datas)),
+                         np.fromiter((term for term, _ in blocks), dtype=np.int32, count=len(blocks)))
+
+
+def decode_joined(joined: bytes, lengths: np.ndarray, terms: np.ndarray) -> Postings:
+    """首尾相接的一串块（第 i 块 ``lengths[i]`` 字节、属于词 ``terms[i]``）解回拍平的倒排。
+
+    词典块里的内联倒排本来就首尾相接：合并读段时整段切下来交给这里，不必先拆成逐块的 bytes。"""
+    if not len(lengths):
+        return Postings.empty()
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(joined) != int(lengths.sum()) or len(terms) != len(lengths):
+        raise ValueError("块数据损坏：各块长度之和与数据长度不符")
     # 末尾补 3 个零字节，下面按任意字节偏移读 uint32 时不会越界
-    buf = np.frombuffer(b"".join(datas) + bytes(3), dtype=np.uint8)
+    buf = np.frombuffer(joined + bytes(3), dtype=np.uint8)
     # 每个字节偏移处起算的小端 uint32（不对齐的视图，不复制）：差值与第一个 doc 都一次取完
     words = np.ndarray((buf.size - 3,), dtype="<u4", buffer=buf, strides=(1,))
     offsets = np.cumsum(lengths) - lengths
@@ -300,8 +318,8 @@ def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
 
     tf_at = np.repeat(offsets + _HEADER + (counts - 1) * width - starts, counts) + index
     post_count = np.repeat(counts, counts)
-    terms = np.repeat(np.fromiter((term for term, _ in blocks), dtype=np.int32, count=len(blocks)), counts)
-    return Postings(terms, docs, buf[tf_at], buf[tf_at + post_count], buf[tf_at + 2 * post_count])
+    return Postings(np.repeat(np.asarray(terms, dtype=np.int32), counts), docs, buf[tf_at], buf[tf_at + post_count],
+                    buf[tf_at + 2 * post_count])
 
 
 def stable_order(keys: np.ndarray, key_bits: int) -> np.ndarray:

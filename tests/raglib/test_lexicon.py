@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from raglib.lexicon import (
     build_segment,
     decode_dictionary_block,
     encode_dictionary,
+    prefix_dfs,
     read_segment,
 )
 from raglib.postings import BLOCK_SIZE, Postings
@@ -86,3 +88,65 @@ def test_rare_terms_are_inlined_and_common_terms_get_blocks() -> None:
     assert entries["rare"].inline is not None and entries["rare"].df == 1
     assert entries["common"].inline is None and entries["common"].blocks == 3
     assert sorted((lexeme, number) for lexeme, number, _ in segment.blocks) == [("common", n) for n in range(3)]
+
+
+def _greedy_cut(entries: list[Entry]) -> list[int]:
+    """词典块切法的定义（逐词累加，加上这个词超过目标大小就开新块，一块至少一个词）：每块的词数。"""
+    sizes: list[int] = []
+    size = 0
+    for entry in entries:
+        cost = len(entry.lexeme.encode("utf-8")) + 7 + len(entry.inline or b"")
+        if sizes and size + cost > DICTIONARY_BLOCK_BYTES:
+            sizes.append(0)
+            size = 0
+        if not sizes:
+            sizes.append(0)
+        sizes[-1] += 1
+        size += cost
+    return sizes
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=400).filter(lambda s: "\x00" not in s),
+                          st.one_of(st.none(), st.binary(min_size=8, max_size=INLINE_MAX_BYTES))),
+                unique_by=lambda x: x[0], max_size=200))
+def test_dictionary_blocks_are_cut_like_the_greedy_definition(raw: list[tuple[str, bytes | None]]) -> None:
+    # 按列一次切块（合并的快路）与逐词累加的定义切在同样的地方：落盘格式不因写法改变
+    entries = sorted((Entry(lexeme, 1, inline) for lexeme, inline in raw), key=lambda e: e.lexeme)
+    blocks = encode_dictionary(entries)
+    assert [len(decode_dictionary_block(data)) for _, data in blocks] == _greedy_cut(entries)
+
+
+@hsettings(max_examples=50)
+@given(st.lists(st.tuples(st.integers(0, 299), st.integers(0, 40), st.integers(0, 3), st.integers(0, 9),
+                          st.integers(0, 255)), unique_by=lambda r: (r[0], r[1]), max_size=2000),
+       st.integers(0, 299), st.integers(0, 300))
+def test_a_segment_reads_back_one_lexeme_range(rows: list[tuple[int, int, int, int, int]], low: int,
+                                              high: int) -> None:
+    # 长词位让一个段有几十个词典块；并段按词位分片读：给了 [low, high) 只读回这一段词位的倒排，跨边界的块两边都读
+    lexemes = [f"{t:03d}" + "词" * 40 for t in range(300)]
+    postings = _postings(rows + [(t, 41, 0, 1, 5) for t in range(300)])  # 每个词都在：词典有几十块
+    segment = build_segment(lexemes, postings)
+    assert len(segment.dictionary) > 1
+    low_lexeme = lexemes[low]
+    high_lexeme = lexemes[high] if high < len(lexemes) else None
+    in_range = [(lexeme, data) for lexeme, _, data in segment.blocks
+                if lexeme >= low_lexeme and (high_lexeme is None or lexeme < high_lexeme)]
+    read_lexemes, read_postings = read_segment([data for _, data in reversed(segment.dictionary)], in_range,
+                                               low=low_lexeme, high=high_lexeme)
+    assert read_lexemes == sorted(read_lexemes)
+    expected = {row for row in _as_set(lexemes, postings)
+                if row[0] >= low_lexeme and (high_lexeme is None or row[0] < high_lexeme)}
+    assert _as_set(read_lexemes, read_postings) == expected
+
+
+def test_read_segment_rejects_a_block_whose_lexeme_is_not_in_the_dictionary() -> None:
+    segment = build_segment(["common"], _postings([(0, doc, 0, 1, 10) for doc in range(300)]))
+    with pytest.raises(ValueError, match="不在词典里"):
+        read_segment([data for _, data in segment.dictionary], [("other", segment.blocks[0][2])])
+
+
+def test_prefix_dfs_sum_by_first_character_and_need_sorted_lexemes() -> None:
+    assert prefix_dfs(["a", "ab", "b", "肝", "肝功"], [1, 2, 3, 4, 5]) == [("a", 3), ("b", 3), ("肝", 9)]
+    assert prefix_dfs([], []) == []
+    with pytest.raises(ValueError, match="升序"):
+        prefix_dfs(["b", "a"], [1, 1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -21,12 +22,12 @@ from raglib.postings import (
     BLOCK_SIZE,
     NORM_LENGTHS,
     TF_MAX,
-    Block,
     Postings,
     bm25_scores,
-    build_blocks,
     capped_tf,
     decode_blocks,
+    decode_joined,
+    encode_blocks,
     impacts,
     norm_bytes,
     quantised_length,
@@ -181,6 +182,26 @@ def canonical(p: Postings) -> np.ndarray:
     return np.stack([getattr(p, f)[order].astype(np.int64) for f in FIELDS], axis=1)
 
 
+@dataclass(frozen=True)
+class Block:
+    """一块倒排（encode_blocks 按列给出的结果，逐块拆开方便断言）。"""
+
+    term: int
+    number: int
+    max_impact: int
+    count: int
+    data: bytes
+
+
+def build_blocks(p: Postings) -> list[Block]:
+    encoded = encode_blocks(p)
+    raw = encoded.raw.tobytes()
+    return [Block(term, number, max_impact, count, raw[start:start + size])
+            for term, number, max_impact, count, start, size
+            in zip(encoded.terms.tolist(), encoded.numbers.tolist(), encoded.max_impacts.tolist(),
+                   encoded.counts.tolist(), encoded.offsets.tolist(), encoded.sizes.tolist(), strict=True)]
+
+
 def check_blocks(p: Postings, blocks: list[Block]) -> None:
     assert canonical(decode_blocks([(b.term, b.data) for b in blocks])).tolist() == canonical(p).tolist()
     assert [(b.term, b.number) for b in blocks] == sorted((b.term, b.number) for b in blocks)
@@ -274,6 +295,18 @@ def test_out_of_range_docs_raise(doc: int) -> None:
 def test_corrupt_block_data_raises(data: bytes) -> None:
     with pytest.raises(ValueError, match="块数据"):
         decode_blocks([(1, data)])
+
+
+def test_joined_blocks_decode_like_separate_blocks_and_check_their_lengths() -> None:
+    p = Postings(np.array([3, 3, 5]), np.array([1, 9, 4]), np.array([0, 1, 2]), np.array([1, 2, 3]),
+                 np.array([7, 8, 9]))
+    blocks = build_blocks(p)
+    joined = b"".join(block.data for block in blocks)
+    lengths = np.array([len(block.data) for block in blocks])
+    terms = np.array([block.term for block in blocks])
+    assert canonical(decode_joined(joined, lengths, terms)).tolist() == canonical(p).tolist()
+    with pytest.raises(ValueError, match="块数据"):
+        decode_joined(joined + b"\x00", lengths, terms)
 
 
 # ---- BM25 打分内核 ----
