@@ -394,6 +394,10 @@ BM25_MAX_POSTINGS = env_int(
     "RAG_BM25_MAX_POSTINGS", 20000,
     "BM25 一次最多读的倒排行数：稀有词整条读，常见词平分剩余额度、只读影响力最高的一段，保证工作量有界",
     minimum=1)
+FULLTEXT_DICTIONARY_CACHE_MB = env_int(
+    "RAG_FULLTEXT_DICTIONARY_CACHE_MB", 64,
+    "每个检索进程缓存全文段词典块的上限（MB，LRU）：段写出后不变，命中时查询不必为词典查库；0 为不缓存词典块",
+    minimum=0)
 FULLTEXT_COMPACT_BATCH = env_int(
     "RAG_FULLTEXT_COMPACT_BATCH", 5000,
     "全文合并一次把多少个 L0 分块编成一个段（一个事务）：越大段越少、合并时占内存越多（每 1 万个分块约 650 MB）",

@@ -51,10 +51,7 @@ from raglib.postings import (
 )
 from search import segments
 from search.fulltext import Bm25Statistics, ChunkScope, FulltextHits, PathHit
-
-# 前缀词的范围上界：以它开头的词位都小于“它 + 最大码点”
-_PREFIX_END = "\U0010ffff"
-
+from search.segment_cache import DICTIONARIES, PREFIX_END
 
 # ---------------------------------------------------------------- 一个快照里的统计与候选
 
@@ -64,6 +61,8 @@ class _Snapshot:
     """一次查询在一个快照里读到的东西：统计，各查询词在各段词典里的条目，L0 里的词频，删除集的序号。"""
 
     statistics: Bm25Statistics
+    # 快照里的段：(段号, 代号)，按段号
+    segments: list[tuple[int, int]]
     # (词位, 前缀?) → [(段号, 词典条目)]：精确词在读快照时取；前缀词（以它开头的全部条目）在确定要读它的倒排时才取
     entries: dict[tuple[str, bool], list[tuple[int, Entry]]]
     # L0 里含查询词的行，按词位：[(分块 id, 词数, 标题词频, 正文词频)]
@@ -100,15 +99,18 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         " (SELECT count(*) FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id),"
         " (SELECT coalesce(sum(length), 0) FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id),"
         " (SELECT count(*) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id),"
-        " (SELECT coalesce(sum(length), 0) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id)"
+        " (SELECT coalesce(sum(length), 0) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id),"
+        " (SELECT array_agg(ARRAY[g.segment_id::bigint, g.generation] ORDER BY g.segment_id) FROM fulltext_segments g"
+        "  WHERE g.knowledge_base_id = s.knowledge_base_id)"
         " FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s", [kb_id])
     row = cursor.fetchone()
     if row is None:
-        return _Snapshot(Bm25Statistics(0, 0.0, {}), {}, {}, np.zeros(0, dtype=np.int64))
+        return _Snapshot(Bm25Statistics(0, 0.0, {}), [], {}, {}, np.zeros(0, dtype=np.int64))
+    segments = [(int(segment_id), int(generation)) for segment_id, generation in row[6] or []]
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
     # 精确词的词典条目现在就读（每段一块）；前缀词只读按首字汇总的 df，条目等确定要读它的倒排时再取
-    entries = _dictionary_entries(cursor, kb_id, [key for key in keys if not key[1]])
+    entries = _dictionary_entries(cursor, kb_id, segments, [key for key in keys if not key[1]])
     segment_dfs: dict[tuple[str, bool], int] = {key: sum(entry.df for _, entry in found)
                                                 for key, found in entries.items()}
     if prefixes:
@@ -128,7 +130,7 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         if df > 0:
             dfs[key] = df
     statistics = Bm25Statistics(n, total / n if n > 0 else 0.0, dfs) if n > 0 else Bm25Statistics(0, 0.0, {})
-    return _Snapshot(statistics, entries, l0, deleted)
+    return _Snapshot(statistics, segments, entries, l0, deleted)
 
 
 def _l0_terms(cursor: Any, kb_id: uuid.UUID, exact: list[str],
@@ -170,40 +172,27 @@ def _deleted_terms(cursor: Any, kb_id: uuid.UUID, exact: list[str],
             " UNION ALL SELECT p.low, true, (SELECT count(*) FROM fulltext_deleted d, unnest(d.lexemes) x"
             "  WHERE d.knowledge_base_id = %s AND NOT d.folded AND starts_with(x, p.low))"
             "  FROM unnest(%s::text[]) p(low)",
-            [kb_id, exact, kb_id, _PREFIX_END, prefixes, kb_id, exact, exact, kb_id, prefixes])
+            [kb_id, exact, kb_id, PREFIX_END, prefixes, kb_id, exact, exact, kb_id, prefixes])
         for lexeme, prefix, count in cursor.fetchall():
             removed[(lexeme, bool(prefix))] = removed.get((lexeme, bool(prefix)), 0) + int(count)
     return deleted, removed
 
 
-def _dictionary_entries(cursor: Any, kb_id: uuid.UUID,
+def _dictionary_entries(cursor: Any, kb_id: uuid.UUID, segments: Sequence[tuple[int, int]],
                         keys: Sequence[tuple[str, bool]]) -> dict[tuple[str, bool], list[tuple[int, Entry]]]:
     """各段词典里查询词的条目：精确词一个（若有），前缀词是以它开头的全部词位。
 
-    精确词取 first_lexeme ≤ 它的最后一块；前缀词再加上首词落在它范围里的各块。按块分组（几个查询词常落在同一块里）：
-    每块只传一次、只解析一次，并带上它服务的那几个查询词。
+    哪些块、块的数据来自进程内的段词典缓存（:mod:`search.segment_cache`），缺的在这个快照里取。几个查询词常落在
+    同一块里：每块只解析一次，查它服务的那几个词。
     """
     entries: dict[tuple[str, bool], list[tuple[int, Entry]]] = {key: [] for key in keys}
-    if not keys:
+    if not keys or not segments:
         return entries
-    cursor.execute(
-        "SELECT segment_id, array_agg(key), array_agg(prefix), (array_agg(data))[1] FROM ("
-        " SELECT s.segment_id, d.first_lexeme, q.lexeme AS key, q.prefix, d.data FROM fulltext_segments s"
-        "  CROSS JOIN unnest(%s::text[], %s::bool[]) q(lexeme, prefix) CROSS JOIN LATERAL (SELECT first_lexeme, data"
-        "  FROM fulltext_dictionary d WHERE d.knowledge_base_id = s.knowledge_base_id AND d.segment_id = s.segment_id"
-        "  AND d.first_lexeme <= q.lexeme ORDER BY d.first_lexeme DESC LIMIT 1) d WHERE s.knowledge_base_id = %s"
-        " UNION ALL SELECT d.segment_id, d.first_lexeme, p.low, true, d.data"
-        "  FROM fulltext_dictionary d, unnest(%s::text[]) p(low)"
-        "  WHERE d.knowledge_base_id = %s AND d.first_lexeme > p.low AND d.first_lexeme < p.low || %s"
-        ") found GROUP BY segment_id, first_lexeme",
-        [[lexeme for lexeme, _ in keys], [prefix for _, prefix in keys], kb_id,
-         [lexeme for lexeme, prefix in keys if prefix], kb_id, _PREFIX_END],
-    )
-    for segment_id, lexemes, prefix_flags, data in cursor.fetchall():
-        block = DictionaryBlock(bytes(data))
-        for key in dict.fromkeys(zip(lexemes, prefix_flags, strict=True)):
+    for segment_id, block_keys, data in DICTIONARIES.blocks(cursor, kb_id, segments, keys):
+        block = DictionaryBlock(data)
+        for key in block_keys:
             found = block.with_prefix(key[0]) if key[1] else [entry for entry in [block.find(key[0])] if entry]
-            entries[key] += [(int(segment_id), entry) for entry in found]
+            entries[key] += [(segment_id, entry) for entry in found]
     return entries
 
 
@@ -347,7 +336,7 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
             return [], statistics  # 没有一个查询词出现在这个知识库里
         # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
         snapshot.entries.update(_dictionary_entries(
-            cursor, kb_id, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
+            cursor, kb_id, snapshot.segments, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
         # 倒排按查询词的位置（slot）标号：同一词位既是精确词又落在某个前缀词里时各算各的，前缀词的各词位共用一个号
         # （打分时同一分块在一个位上的词频先相加再饱和）
         pairs: list[tuple[int, bytes]] = []

@@ -31,7 +31,8 @@
 ``fulltext_storage.vN.sql``           全文表的定义：v2 建 L0、序号表、删除集、段、词典块与倒排块（统计行
                                       ``fulltext_kb_stats`` 是 Django 模型，见 ``search.models``）；v1 的倒排表
                                       由 v2 删掉；v3 加每个段按首字汇总的 df（前缀词的 df 不必读遍词典块）；
-                                      v4 给 L0 与序号表加上分块所属的文档（回表检查不读分块行）
+                                      v4 给 L0 与序号表加上分块所属的文档（回表检查不读分块行）；
+                                      v5 给每个段一个全局唯一的代号（检索进程按它缓存词典块）
 ``fulltext_chunk_terms.vN.sql``       ``fulltext_chunk_terms()``：tsvector → 词位与标题/正文词频数组
                                       （写 L0、回填、重建共用）
 ``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数（写 L0、记删除集）
@@ -52,7 +53,7 @@
 - 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；v1 就是这样来的：
   ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。v2 由 ``search.0008_fulltext_segments`` 应用，
   v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用，存储 v4 与触发器函数 v3（记下文档）由
-  ``search.0010_fulltext_document_ids`` 应用。
+  ``search.0010_fulltext_document_ids`` 应用，存储 v5（段的代号）由 ``search.0011_fulltext_segment_generation`` 应用。
 
 查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。

@@ -26,7 +26,8 @@ RETIRES = re.compile(r"^DROP (FUNCTION|TRIGGER) (\w+)", re.MULTILINE)
 # 引擎的表（统计行 fulltext_kb_stats 是 Django 模型，列由 makemigrations --check 管）：与存储文件在空白 schema 里
 # 建出来的逐项比较
 STORAGE_RELATIONS = ["fulltext_blocks", "fulltext_deleted", "fulltext_deleted_terms", "fulltext_dictionary",
-                     "fulltext_docs", "fulltext_l0", "fulltext_prefixes", "fulltext_segments"]
+                     "fulltext_docs", "fulltext_l0", "fulltext_prefixes", "fulltext_segment_generation",
+                     "fulltext_segments"]
 
 
 def _versions() -> dict[str, list[Path]]:

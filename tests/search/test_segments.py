@@ -22,6 +22,7 @@ from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
 from search import bm25, segments
 from search.retrieval import fulltext_search
+from search.segment_cache import DICTIONARIES, SegmentDictionaries
 from tests.sample_docs import MEDICAL_TEXTS
 
 TEXTS = MEDICAL_TEXTS
@@ -211,9 +212,9 @@ def test_a_prefix_term_reads_dictionary_blocks_only_when_its_postings_are_read(
     asked: list[tuple[str, bool]] = []
     real = bm25._dictionary_entries
 
-    def recording(cursor: Any, kb_id: Any, keys: Any) -> Any:
+    def recording(cursor: Any, kb_id: Any, found: Any, keys: Any) -> Any:
         asked.extend(keys)
-        return real(cursor, kb_id, keys)
+        return real(cursor, kb_id, found, keys)
 
     monkeypatch.setattr(bm25, "_dictionary_entries", recording)
     query = analysis.parse_query("乙肝病毒 肝", analyzer="bigram")
@@ -325,3 +326,43 @@ def test_a_merge_read_and_written_slice_by_slice_equals_a_merge_in_one_piece(
     assert (_segment_content(in_l0), _results(in_l0)) == whole
     assert segments.mismatches(in_l0.id) == []
     assert _count("fulltext_deleted", in_l0) == 0
+
+
+def _segment_ids(kb: KnowledgeBase) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT segment_id FROM fulltext_segments WHERE knowledge_base_id = %s ORDER BY 1", [kb.id])
+        return [int(row[0]) for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db
+def test_cached_dictionaries_never_serve_a_rebuilt_segment_its_old_blocks(in_l0: KnowledgeBase, settings: Any) -> None:
+    """词典块按段的代号缓存：整库重建从 0 重新编段号、内容换了（这里换成 jieba 切法），进程里留着的旧目录与旧块
+    不会被当成新段的；结果与清空缓存后重查的逐一相同。"""
+    DICTIONARIES.clear()
+    segments.compact(in_l0.id, batch=3)
+    before = _segment_ids(in_l0)
+    first = _results(in_l0)
+    assert DICTIONARIES.cached_bytes > 0
+    assert _results(in_l0) == first  # 第二遍全部命中缓存
+    settings.FULLTEXT_ANALYZER = "jieba"
+    bm25.reindex_chunks(kb_id=in_l0.id)
+    segments.rebuild(in_l0.id)
+    assert set(_segment_ids(in_l0)) & set(before)  # 段号确实重用了
+    with_old_cache = _results(in_l0)
+    DICTIONARIES.clear()
+    assert _results(in_l0) == with_old_cache
+    settings.FULLTEXT_DICTIONARY_CACHE_MB = 0  # 不缓存词典块：每次都从库里取，结果不变
+    DICTIONARIES.clear()
+    assert _results(in_l0) == with_old_cache and DICTIONARIES.cached_bytes == 0
+
+
+def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> None:
+    settings.FULLTEXT_DICTIONARY_CACHE_MB = 1
+    cache = SegmentDictionaries()
+    block = bytes(400 * 1024)
+    for first in ("a", "b", "c"):
+        cache._remember({(0, 7, first): block})
+    assert cache.cached_bytes == 2 * len(block)  # 第三块进来时最早的一块让位
+    assert set(cache._cached({(0, 7, "a"): None, (0, 7, "b"): None, (0, 7, "c"): None})) == {(0, 7, "b"), (0, 7, "c")}
+    cache._remember({(0, 7, "huge"): bytes(2 * 1024 * 1024)})  # 超过整个上限的块不缓存
+    assert cache.cached_bytes == 2 * len(block)

@@ -1,0 +1,130 @@
+"""检索进程里的段词典缓存：查询在每个段里为每个查询词找词典块，不必每次都查库。
+
+段一经写出就不再修改（合并写新段、删旧段，:mod:`search.segments`），所以它的词典块可以留在进程里。以前每个查询
+用一条 SQL 在每个段里为每个查询词做一次索引查找、把块传回来：100k 分块分成 6 个段时每个查询 2~3 ms，是全文一路
+最大的一截数据库时间（bench/pages/fulltext_engine.md，“词典块缓存”）。
+
+缓存两样东西，键都是段的代号（``fulltext_segments.generation``，全局序列，整库重建从 0 重新编段号也不会重复，
+见 ``search/sql/fulltext_storage.v5.sql``）：
+
+- **段目录**：这个段全部词典块的首词（升序）。查一个词 = 在目录里二分出 ``首词 ≤ 它`` 的最后一块；前缀词再加上首词
+  落在它范围里的各块——与原来那条 SQL 选出的块相同。第一次用到一个段时在查询自己的快照里读一次（每块一个首词，
+  约是词典大小的 3%），之后一直留着；查询看到的段表里已经没有的段（被并掉了）随下一次读目录清掉。
+- **词典块**：块的原始字节，按字节数封顶的 LRU（``RAG_FULLTEXT_DICTIONARY_CACHE_MB``）。缺的块在查询的快照里按主键
+  一条 SQL 取回。存字节而不是解析好的 :class:`raglib.lexicon.DictionaryBlock`：解析好的块把词位表切成上百个 bytes
+  对象、挂在一个列表上，缓存两万块时 Python 的分代垃圾回收每次都要扫这几百万个引用，100k 库上 p99 从 19 涨到
+  40~50 ms；解析一块只要几微秒（每个查询约 0.3 ms）。
+
+查询只用自己快照里段表列出的段：合并在查询中途提交，新段的目录要等下一个查询才读，旧段的块还在缓存里，照样读得到。
+进程内的线程（检索的线程池）共用一份缓存，读写都在一把锁里（只保护字典操作，不含数据库往返）。
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+
+# 前缀词的范围上界：以 p 开头的词位都小于 p + U+10FFFF（与查询一侧的 SQL 同一个约定）
+PREFIX_END = "\U0010ffff"
+
+
+class SegmentDictionaries:
+    """段目录与词典块的缓存；见模块说明。一个进程一份（:data:`DICTIONARIES`）。"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._directories: dict[uuid.UUID, dict[int, list[str]]] = {}  # 知识库 → {代号: 各词典块的首词}
+        self._blocks: OrderedDict[tuple[int, str], bytes] = OrderedDict()  # (代号, 首词) → 块数据，最近用的在后
+        self._bytes = 0
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+    def blocks(self, cursor: Any, kb_id: uuid.UUID, segments: Sequence[tuple[int, int]],
+               keys: Sequence[tuple[str, bool]]) -> list[tuple[int, list[tuple[str, bool]], bytes]]:
+        """各段里服务这些查询词（(词位, 前缀?)）的词典块：[(段号, 它服务的查询词, 块数据)]，按段、块的顺序。
+
+        ``segments`` 是查询快照里的 (段号, 代号)；``cursor`` 在同一个快照里，缺的目录与块从它读。
+        """
+        directories = self._directories_for(cursor, kb_id, segments)
+        wanted: dict[tuple[int, int, str], list[tuple[str, bool]]] = {}
+        for segment_id, generation in segments:
+            firsts = directories[generation]
+            for key in keys:
+                lexeme, prefix = key
+                at = bisect.bisect_right(firsts, lexeme) - 1  # 首词 ≤ 它的最后一块（-1：比全部首词都小）
+                end = bisect.bisect_left(firsts, lexeme + PREFIX_END, lo=max(at, 0)) if prefix else at + 1
+                for index in range(max(at, 0), end):
+                    wanted.setdefault((segment_id, generation, firsts[index]), []).append(key)
+        found = self._cached(wanted)
+        missing = [block for block in wanted if block not in found]
+        if missing:
+            cursor.execute(
+                "SELECT d.segment_id, d.first_lexeme, d.data FROM unnest(%s::int[], %s::text[]) AS k(s, f)"
+                " JOIN fulltext_dictionary d ON d.knowledge_base_id = %s AND d.segment_id = k.s"
+                " AND d.first_lexeme = k.f",
+                [[block[0] for block in missing], [block[2] for block in missing], kb_id])
+            generations = {segment_id: generation for segment_id, generation in segments}
+            fetched = {(int(segment_id), generations[int(segment_id)], first): bytes(data)
+                       for segment_id, first, data in cursor.fetchall()}
+            self._remember(fetched)
+            found.update(fetched)
+        return [(block[0], block_keys, found[block]) for block, block_keys in wanted.items() if block in found]
+
+    def _directories_for(self, cursor: Any, kb_id: uuid.UUID,
+                         segments: Sequence[tuple[int, int]]) -> dict[int, list[str]]:
+        with self._lock:
+            known = dict(self._directories.get(kb_id, {}))
+        absent = [segment_id for segment_id, generation in segments if generation not in known]
+        if absent:
+            cursor.execute("SELECT segment_id, array_agg(first_lexeme ORDER BY first_lexeme) FROM fulltext_dictionary"
+                           " WHERE knowledge_base_id = %s AND segment_id = ANY(%s) GROUP BY segment_id",
+                           [kb_id, absent])
+            loaded = dict(cursor.fetchall())
+            generations = dict(segments)
+            for segment_id in absent:
+                known[generations[segment_id]] = loaded.get(segment_id) or []
+            live = {generation for _, generation in segments}
+            with self._lock:
+                # 只留这个快照里还在的段：被并掉的段不会再被查询引用
+                self._directories[kb_id] = {generation: firsts for generation, firsts in known.items()
+                                            if generation in live}
+        return known
+
+    def _cached(self, wanted: dict[tuple[int, int, str], Any]) -> dict[tuple[int, int, str], bytes]:
+        found: dict[tuple[int, int, str], bytes] = {}
+        with self._lock:
+            for block in wanted:
+                data = self._blocks.get((block[1], block[2]))
+                if data is not None:
+                    self._blocks.move_to_end((block[1], block[2]))
+                    found[block] = data
+        return found
+
+    def _remember(self, fetched: dict[tuple[int, int, str], bytes]) -> None:
+        budget = settings.FULLTEXT_DICTIONARY_CACHE_MB * 1024 * 1024
+        with self._lock:
+            for (_, generation, first), data in fetched.items():
+                if len(data) > budget or (generation, first) in self._blocks:
+                    continue
+                self._blocks[(generation, first)] = data
+                self._bytes += len(data)
+            while self._bytes > budget:
+                _, data = self._blocks.popitem(last=False)
+                self._bytes -= len(data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._directories.clear()
+            self._blocks.clear()
+            self._bytes = 0
+
+
+DICTIONARIES = SegmentDictionaries()
