@@ -2,7 +2,7 @@
 
 段一经写出就不再修改（合并写新段、删旧段，:mod:`search.segments`），所以它的词典块可以留在进程里。以前每个查询
 用一条 SQL 在每个段里为每个查询词做一次索引查找、把块传回来：100k 分块分成 6 个段时每个查询 2~3 ms，是全文一路
-最大的一截数据库时间（bench/pages/fulltext_engine.md，“词典块缓存”）。
+最大的一截数据库时间（bench/pages/fulltext_engine.md，“段词典缓存”）。
 
 缓存两样东西，键都是段的代号（``fulltext_segments.generation``，全局序列，整库重建从 0 重新编段号也不会重复，
 见 ``search/sql/fulltext_storage.v5.sql``）：

@@ -171,15 +171,12 @@ def _fold_deleted(cursor: Any, kb_id: uuid.UUID) -> None:
 def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[list[str], Postings]:
     """L0 的行（按分块 id 排好）→ 词位表与倒排：第 i 行的分块得到序号 ``first_ordinal + i``。
 
-    一批几千个分块就有上百万个 (分块, 词位)：各列先拍平成一个列表（C 里拼接），词位换下标用字典的
-    ``__getitem__`` 逐个映射，不走逐条的生成器（以前这一步占合并时间的一成）。"""
+    一批几千个分块就有上百万个 (分块, 词位)：各列先拍平成一个列表（C 里拼接），再一次换成下标。"""
     flat = list(itertools.chain.from_iterable(row[2] for row in rows))
-    lexemes = sorted(set(flat))
-    index = dict(zip(lexemes, range(len(lexemes)), strict=True))
+    lexemes, terms = _vocabulary(flat)
     sizes = np.fromiter((len(row[2]) for row in rows), dtype=np.int64, count=len(rows))
     docs = np.repeat(np.arange(first_ordinal, first_ordinal + len(rows), dtype=np.int64), sizes)
     lengths = np.repeat(np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows)), sizes)
-    terms = np.fromiter(map(index.__getitem__, flat), dtype=np.int32, count=len(flat))
     title = np.fromiter(itertools.chain.from_iterable(row[3] for row in rows), dtype=np.int64, count=len(flat))
     body = np.fromiter(itertools.chain.from_iterable(row[4] for row in rows), dtype=np.int64, count=len(flat))
     return lexemes, Postings(terms, docs, np.clip(title, 0, TF_MAX).astype(np.uint8),
@@ -384,13 +381,24 @@ def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int], low: str |
     return _union(parts)
 
 
+def _vocabulary(flat: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """一串词位 → (排好序、不重复的词位表, 每个词位在表里的下标)。
+
+    上百万个词位时不走逐条的生成器：集合与排序在 C 里，换下标用字典的 ``__getitem__`` 逐个映射
+    （以前这一步占合并时间的一成）。"""
+    lexemes = sorted(set(flat))
+    index = dict(zip(lexemes, range(len(lexemes)), strict=True))
+    return lexemes, np.fromiter(map(index.__getitem__, flat), dtype=np.int32, count=len(flat))
+
+
 def _union(parts: Sequence[tuple[list[str], Postings]]) -> tuple[list[str], Postings]:
     """几个段各自的 (词位表, 倒排) 并成一张词位表，倒排的词下标换成新表里的。"""
-    lexemes = sorted(set(itertools.chain.from_iterable(part_lexemes for part_lexemes, _ in parts)))
-    index = dict(zip(lexemes, range(len(lexemes)), strict=True))
+    lexemes, ids = _vocabulary(list(itertools.chain.from_iterable(part_lexemes for part_lexemes, _ in parts)))
     remapped = []
+    start = 0
     for part_lexemes, postings in parts:
-        mapping = np.fromiter(map(index.__getitem__, part_lexemes), dtype=np.int32, count=len(part_lexemes))
+        mapping = ids[start:start + len(part_lexemes)]
+        start += len(part_lexemes)
         remapped.append(Postings(mapping[postings.terms] if len(postings) else postings.terms, postings.docs,
                                  postings.title_tf, postings.body_tf, postings.norms))
     return lexemes, Postings.concat(remapped) if remapped else Postings.empty()
