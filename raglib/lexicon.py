@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from raglib.postings import BLOCK_SIZE, Postings, decode_joined, encode_blocks
+from raglib.postings import BLOCK_SIZE, Postings, decode_joined, encode_blocks, first_of_runs
 
 # 一个词的倒排编码后不超过这么多字节就内联进词典（约 20 个倒排）：再大就值得单独一行
 INLINE_MAX_BYTES = 96
@@ -79,7 +79,7 @@ def prefix_dfs(lexemes: Sequence[str], dfs: Sequence[int] | np.ndarray) -> list[
     codes = np.fromiter(map(ord, firsts), dtype=np.int64, count=len(firsts))
     if np.any(codes[1:] < codes[:-1]):
         raise ValueError("词位须按升序排好")
-    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    starts = first_of_runs(codes)
     sums = np.add.reduceat(np.asarray(dfs, dtype=np.int64), starts)
     return [(firsts[start], total) for start, total in zip(starts.tolist(), sums.tolist(), strict=True)]
 
@@ -190,7 +190,7 @@ def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
     if not len(encoded):
         return SegmentRows([], [], [])
     # 块按 (词, 块号) 排好：每个词的第一块是一段的起点
-    firsts = np.flatnonzero(np.r_[True, encoded.terms[1:] != encoded.terms[:-1]])
+    firsts = first_of_runs(encoded.terms)
     terms = encoded.terms[firsts]
     block_counts = np.diff(np.r_[firsts, len(encoded)])
     inline = (block_counts == 1) & (encoded.sizes[firsts] <= INLINE_MAX_BYTES)

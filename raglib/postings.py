@@ -171,7 +171,7 @@ class Postings:
         return self.select(np.isin(self.terms, terms))
 
 
-def _first_of_runs(values: np.ndarray) -> np.ndarray:
+def first_of_runs(values: np.ndarray) -> np.ndarray:
     """有序数组里每一段相同值的起点下标。"""
     return np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
 
@@ -228,7 +228,7 @@ def encode_blocks(postings: Postings) -> EncodedBlocks:
     key, order, docs = key[perm], order[perm], docs[perm]
     del perm
 
-    term_starts = _first_of_runs(key >> np.uint64(16))
+    term_starts = first_of_runs(key >> np.uint64(16))
     rank = np.arange(n) - np.repeat(term_starts, np.diff(np.r_[term_starts, n]))  # 在本词里的名次
     opens_block = rank % BLOCK_SIZE == 0
     block_starts = np.flatnonzero(opens_block)
@@ -375,7 +375,7 @@ def bm25_scores(postings: Postings, slots: Mapping[int, int], weights: Sequence[
     # 分母为 0 只可能是 tf=0（且 b=1、长度 0）：这一项贡献 0，避免 0/0
     part = np.asarray(weights, dtype=np.float64)[slot[pair_starts]] * tf / np.where(denominator > 0, denominator, 1.0)
     pair_docs = docs[pair_starts]
-    doc_starts = _first_of_runs(pair_docs)
+    doc_starts = first_of_runs(pair_docs)
     return pair_docs[doc_starts], np.add.reduceat(part, doc_starts)
 
 

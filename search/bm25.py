@@ -45,6 +45,7 @@ from raglib.postings import (
     bm25_scores,
     capped_tf,
     decode_blocks,
+    first_of_runs,
     impacts,
     norm_bytes,
     quantised_length,
@@ -405,7 +406,7 @@ def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
     doc_bits = max(1, int(docs.max()).bit_length())
     ranked = members[stable_order((high << doc_bits) | docs, int(high.max()).bit_length() + doc_bits)]
     ranked_slots = postings.terms[ranked]
-    starts = np.flatnonzero(np.r_[True, ranked_slots[1:] != ranked_slots[:-1]])
+    starts = first_of_runs(ranked_slots)
     rank = np.arange(len(ranked)) - np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))
     keep = np.ones(len(postings), dtype=bool)
     keep[ranked[rank >= limits[ranked_slots]]] = False
