@@ -31,6 +31,7 @@ import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 
+from infra.locks import advisory_lock
 from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, prefix_dfs, read_segment
 from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
 
@@ -404,16 +405,48 @@ def _union(parts: Sequence[tuple[list[str], Postings]]) -> tuple[list[str], Post
     return lexemes, Postings.concat(remapped) if remapped else Postings.empty()
 
 
-def shrink_l0() -> bool:
-    """大批合并之后（升级时整库的分块都经过 L0）把 L0 的表与索引缩回去：VACUUM 只把空出的页留着复用，GIN 索引
-    不会变小（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）。CONCURRENTLY 不挡写入。
-    VACUUM 与 REINDEX CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做，返回 False。"""
+# L0 的表与索引（几乎全是 GIN）超过这么多字节、又比现存的行所需（每行按 _L0_ROW_BYTES 宽估）大得多时，
+# 定时任务把它们缩回去。L0 只在写入与合并之间暂存分块，索引却停在批量写入的高峰：eval 库 8,938 个分块摄取完
+# L0 空了，GIN 还占 12 MB（1.4 KB/块）；100k 基准库 200 MB（2.0 KB/块，bench/pages/fulltext_engine.md）
+L0_SHRINK_MIN_BYTES = 8 * 1024 * 1024
+_L0_ROW_BYTES = 16 * 1024
+# 同一时刻只有一个进程在缩 L0（REINDEX CONCURRENTLY 两个一起跑时后一个只是排队等）
+_SHRINK_LOCK = "search.fulltext_l0_shrink"
+
+
+def l0_footprint() -> tuple[int, int]:
+    """L0 的表与索引一共占的字节数，以及它现有的行数。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_total_relation_size('fulltext_l0'), (SELECT count(*) FROM fulltext_l0)")
+        size, rows = cursor.fetchone()
+    return int(size), int(rows)
+
+
+def shrink_l0(*, only_bloated: bool = False) -> bool:
+    """批量写入之后（升级时整库的分块都经过 L0）把 L0 的表与索引缩回去：VACUUM 只把空出的页留着复用，GIN 索引
+    不会变小（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）。CONCURRENTLY 不挡写入与查询，
+    但要等开始之前的事务结束，所以由维护队列上的定时任务执行（``ops.tasks.shrink_fulltext_l0``），不放在合并里。
+
+    ``only_bloated`` 时只在表与索引远大于现有的行时动手（定时任务用）；别的进程正在缩时跳过。上一次 REINDEX
+    CONCURRENTLY 中途被杀会留下无效的 ``*_ccnew`` 索引（写入还要维护它），先删掉。VACUUM 与 REINDEX
+    CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做。返回是否缩了。"""
     if connection.in_atomic_block:
         return False
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM fulltext_l0")
-        cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_lexemes")
-        cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_pkey")
+    with advisory_lock(_SHRINK_LOCK) as acquired:
+        if not acquired:
+            return False
+        size, rows = l0_footprint()
+        if only_bloated and size <= max(L0_SHRINK_MIN_BYTES, rows * _L0_ROW_BYTES):
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                           " WHERE i.indrelid = 'fulltext_l0'::regclass AND NOT i.indisvalid"
+                           " AND c.relname ~ '_cc(new|old)[0-9]*$'")
+            for (name,) in cursor.fetchall():
+                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {connection.ops.quote_name(name)}")
+            cursor.execute("VACUUM fulltext_l0")
+            cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_lexemes")
+            cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_pkey")
     return True
 
 

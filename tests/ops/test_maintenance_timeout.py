@@ -30,7 +30,7 @@ from jobs.runner import reap
 from knowledge.models import CleanupTask, KnowledgeBase
 from knowledge.services import cleanup_submit, knowledge_base_delete
 from ops import cleanup
-from ops.tasks import VECTOR_INDEX_SCHEDULE, run_cleanup
+from ops.tasks import MAINTENANCE_SCHEDULES, run_cleanup
 from search import ann
 from tests.factories import add_documents
 
@@ -100,14 +100,18 @@ def test_cleanup_is_enqueued_retried_and_requeued_with_the_maintenance_timeout(
 
 
 @pytest.mark.django_db
-def test_vector_index_schedule_runs_with_the_maintenance_timeout(enqueued: list[dict[str, Any]]) -> None:
-    """迁移建立的调度在每次 migrate 后（post_migrate）带上当前的 RAG_MAINTENANCE_TIMEOUT，调度器按它入队。"""
+@pytest.mark.parametrize(("name", "func"), sorted(MAINTENANCE_SCHEDULES.items()))
+def test_maintenance_schedules_run_with_the_maintenance_timeout(enqueued: list[dict[str, Any]], name: str,
+                                                                func: str) -> None:
+    """迁移建立的维护调度（索引同步、相关概率模型、全文 L0 收缩）在每次 migrate 后（post_migrate）带上当前的
+    RAG_MAINTENANCE_TIMEOUT，调度器按它入队。"""
     emit_post_migrate_signal(0, False, "default")
-    schedule = Schedule.objects.get(name=VECTOR_INDEX_SCHEDULE)
+    schedule = Schedule.objects.get(name=name)
+    assert schedule.func == func
     assert ast.literal_eval(schedule.kwargs) == {"q_options": {"timeout": MAINTENANCE_TIMEOUT}}
     Schedule.objects.filter(pk=schedule.pk).update(next_run=timezone.now() - timedelta(seconds=1))
     scheduler(broker=get_broker())
-    [package] = [p for p in enqueued if p["func"] == "ops.tasks.sync_vector_indexes"]
+    [package] = [p for p in enqueued if p["func"] == func]
     assert package["timeout"] == MAINTENANCE_TIMEOUT
     assert "q_options" not in package["kwargs"]  # 是 django-q2 的选项，不是传给任务函数的参数
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
 from documents.services import document_delete, document_upload
 from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
-from ops.tasks import compact_fulltext
+from ops.tasks import compact_fulltext, shrink_fulltext_l0
 from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
 from search import bm25, segments
@@ -366,3 +366,34 @@ def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> No
     assert set(cache._cached({(0, 7, "a"): None, (0, 7, "b"): None, (0, 7, "c"): None})) == {(0, 7, "b"), (0, 7, "c")}
     cache._remember({(0, 7, "huge"): bytes(2 * 1024 * 1024)})  # 超过整个上限的块不缓存
     assert cache.cached_bytes == 2 * len(block)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_schedule_shrinks_a_bloated_l0_and_drops_an_unfinished_reindex(in_l0: KnowledgeBase,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """批量写入合并完 L0 空了，索引还停在高峰的大小：定时任务只在它远大于现有的行时重建；上一次中途被杀的
+    REINDEX CONCURRENTLY 留下的无效索引（写入还要维护它）一并删掉。检索结果不变。"""
+    # 唯一索引在重复值上建不成：CONCURRENTLY 失败时留下无效索引，与被杀的 REINDEX CONCURRENTLY 留下的一样
+    with pytest.raises(IntegrityError), connection.cursor() as cursor:
+        cursor.execute("CREATE UNIQUE INDEX CONCURRENTLY fulltext_l0_pkey_ccnew ON fulltext_l0 (knowledge_base_id)")
+    segments.compact(in_l0.id)
+    expected = _results(in_l0)
+
+    def invalid_indexes() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexrelid::regclass::text FROM pg_index"
+                           " WHERE indrelid = 'fulltext_l0'::regclass AND NOT indisvalid")
+            return [row[0] for row in cursor.fetchall()]
+
+    assert invalid_indexes() == ["fulltext_l0_pkey_ccnew"]
+    monkeypatch.setattr(segments, "L0_SHRINK_MIN_BYTES", 1 << 40)
+    shrink_fulltext_l0()  # 没到门槛：什么也不做
+    assert invalid_indexes() == ["fulltext_l0_pkey_ccnew"]
+    before, rows = segments.l0_footprint()
+    monkeypatch.setattr(segments, "L0_SHRINK_MIN_BYTES", 0)
+    shrink_fulltext_l0()
+    after, _ = segments.l0_footprint()
+    assert rows == 0 and invalid_indexes() == [] and after < before
+    assert _results(in_l0) == expected
+    with transaction.atomic():
+        assert not segments.shrink_l0()  # VACUUM 与 REINDEX CONCURRENTLY 不能在事务里执行

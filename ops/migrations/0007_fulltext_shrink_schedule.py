@@ -1,0 +1,31 @@
+"""登记每 10 分钟一次的全文 L0 收缩检查（``ops.tasks.shrink_fulltext_l0``）：批量写入之后 L0 空了，它的 GIN 索引
+还停在写入高峰的大小，远大于现有的行时重建（``search.segments.shrink_l0``）。
+
+放在默认（维护）队列：REINDEX CONCURRENTLY 要等开始之前的事务结束，不该占着快队列。计时上限（q_options 的
+timeout）由 post_migrate 按 RAG_MAINTENANCE_TIMEOUT 写入（ops.tasks.maintenance_schedule_refresh）。
+"""
+
+from django.db import migrations
+
+NAME = "search.shrink_fulltext_l0"
+
+
+def create_schedule(apps, schema_editor):
+    Schedule = apps.get_model("django_q", "Schedule")
+    Schedule.objects.update_or_create(
+        name=NAME,
+        defaults={"func": "ops.tasks.shrink_fulltext_l0", "schedule_type": "I", "minutes": 10, "repeats": -1},
+    )
+
+
+def delete_schedule(apps, schema_editor):
+    apps.get_model("django_q", "Schedule").objects.filter(name=NAME).delete()
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("ops", "0006_fulltext_compact_schedule"),
+        ("django_q", "0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more"),
+    ]
+
+    operations = [migrations.RunPython(create_schedule, delete_schedule)]
