@@ -402,6 +402,10 @@ FULLTEXT_COMPACT_BATCH = env_int(
     "RAG_FULLTEXT_COMPACT_BATCH", 5000,
     "全文合并一次把多少个 L0 分块编成一个段（一个事务）：越大段越少、合并时占内存越多（每 1 万个分块约 650 MB）",
     minimum=100)
+FULLTEXT_IDLE_MERGE_MINUTES = env_int(
+    "RAG_FULLTEXT_IDLE_MERGE_MINUTES", 30,
+    "知识库这么多分钟没有写入、又有不止一个全文段时，维护任务把批量写入留下的段并成大段（查询只查一个段、"
+    "词典几乎减半）；0 为不并", minimum=0)
 FULLTEXT_L0_MAX_CHUNKS = env_int(
     "RAG_FULLTEXT_L0_MAX_CHUNKS", 200,
     "知识库新写入、还没合并成段的分块（L0）达到这个数就立即排一次合并；不到的由每分钟的定时任务合并",

@@ -15,7 +15,8 @@
 合并策略（Lucene 的 LogMergePolicy 的做法）：段按分块数分层，第 k 层是 ``[B·F^k, B·F^(k+1))``；最新的
 ``F`` 个相邻的段落在同一层就并成一个（F = ``MERGE_FACTOR``）。段数因此约为 ``(F-1)·层数``，每个倒排一生中被
 重写约 log_F(N/B) 次。删除超过段内分块十分之一的段单独重写一次，把删掉的倒排清出去：删除集越小，
-查询时按它修正 df 越便宜。
+查询时按它修正 df 越便宜。知识库写完、闲下来之后（:func:`idle_due`），维护任务再把最新的一串段并成一个
+（:func:`merge_idle`）：批量导入留下的几个段通常并成一个，词典几乎减半，查询只查一个段。
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,10 @@ _BASE_DOCS = 1000
 # 但一次并段是一个事务、持着知识库统计行的锁（这期间这个库的合并都等着），段再大就要很久；
 # 更大的知识库由多个这样的段组成，查询逐段读
 _MAX_MERGED_DOCS = 200_000
+# 闲时合并（merge_idle）：前一个段不超过已收的段合计的这么多倍、或不超过这么多个分块（并一次只要十几秒），
+# 才收进来（见 _idle_run）
+_IDLE_MERGE_RATIO = 4
+_IDLE_MERGE_FLOOR = 20_000
 # 段内被删的分块超过这个比例就单独重写
 _PURGE_RATIO = 0.1  # 见模块说明的合并策略
 # 并段按词位分片读、写：一片约是这么多个分块的倒排。进程内存只与一片有关，与并出的段多大无关
@@ -261,6 +266,29 @@ def merge_all(kb_id: uuid.UUID) -> CompactResult:
     大批写入（升级时整库转换、批量导入）之后用：每个段都有一份自己的罕见词词典，100k 个分块的 5 个段里有 474 万个
     词条、其实只有 241 万个不同的词；并成一个段词典几乎减半，查询也少查几个段。``manage.py compact_fulltext --merge``。
     """
+    return _merge_runs(kb_id, _next_run)
+
+
+def merge_idle(kb_id: uuid.UUID) -> CompactResult:
+    """闲下来的知识库（见 :func:`idle_due`）把最新的一串段并成一个：不把一个大段为几个小段整个重写（见
+    :func:`_idle_run`）。批量导入之后通常并成一个段：词典几乎减半，查询只查一个段。"""
+    return _merge_runs(kb_id, _idle_run)
+
+
+def idle_due(minutes: int) -> list[uuid.UUID]:
+    """闲下来、又有不止一个段的知识库：L0 里没有它的分块，最新的段写出已超过 ``minutes`` 分钟（写入先进 L0、
+    每分钟合并成段，最新的段的时间就是最近一次写入的时间）。"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.knowledge_base_id FROM fulltext_segments s GROUP BY s.knowledge_base_id"
+            " HAVING count(*) > 1 AND max(s.created_at) < now() - make_interval(mins => %s)"
+            " AND NOT EXISTS (SELECT 1 FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id)"
+            " ORDER BY s.knowledge_base_id", [minutes])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _merge_runs(kb_id: uuid.UUID, pick: Callable[[Sequence[_Segment]], list[_Segment] | None]) -> CompactResult:
+    """按 ``pick`` 选出的相邻段一串串地并，直到它选不出；每串一个事务，持着知识库统计行的锁（与合并 L0 互斥）。"""
     result = CompactResult()
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -268,7 +296,7 @@ def merge_all(kb_id: uuid.UUID) -> CompactResult:
             state = cursor.fetchone()
             if state is None:
                 return result
-            run = _next_run(_segments(cursor, kb_id))
+            run = pick(_segments(cursor, kb_id))
             if run is None:
                 return result
             result += _merge(cursor, kb_id, run, int(state[1]))
@@ -289,6 +317,24 @@ def _next_run(segments: Sequence[_Segment]) -> list[_Segment] | None:
             return run
         start += 1
     return None
+
+
+def _idle_run(segments: Sequence[_Segment]) -> list[_Segment] | None:
+    """闲时要并的一串段：从最新的段往前收，前一个段不超过已收的 ``_IDLE_MERGE_RATIO`` 倍（或不超过
+    ``_IDLE_MERGE_FLOOR`` 个分块）、并起来也不超过 ``_MAX_MERGED_DOCS`` 就收进来；不到两个段返回 None。
+
+    比例限制写放大：零星写入留下的小段不会让一个大段一次次被整个重写（10 万块的段后面跟一个 10 块的段，不并）；
+    下限让批量导入最后那一小批（几百块）不挡住前面的段。批量导入留下的分层的段（每层比下一层大约
+    ``MERGE_FACTOR`` 倍、每层最多 ``MERGE_FACTOR - 1`` 个）逐个都收得进来，并成一个。"""
+    run = [segments[-1]] if segments else []
+    docs = sum(segment.docs for segment in run)
+    for segment in reversed(segments[:-1]):
+        if (segment.docs > max(_IDLE_MERGE_RATIO * docs, _IDLE_MERGE_FLOOR)
+                or docs + segment.docs > _MAX_MERGED_DOCS):
+            break
+        run.insert(0, segment)
+        docs += segment.docs
+    return run if len(run) > 1 else None
 
 
 def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_id: int) -> CompactResult:
@@ -425,7 +471,7 @@ def l0_footprint() -> tuple[int, int]:
 def shrink_l0(*, only_bloated: bool = False) -> bool:
     """批量写入之后（升级时整库的分块都经过 L0）把 L0 的表与索引缩回去：VACUUM 只把空出的页留着复用，GIN 索引
     不会变小（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）。CONCURRENTLY 不挡写入与查询，
-    但要等开始之前的事务结束，所以由维护队列上的定时任务执行（``ops.tasks.shrink_fulltext_l0``），不放在合并里。
+    但要等开始之前的事务结束，所以由维护队列上的定时任务执行（``ops.tasks.maintain_fulltext``），不放在合并里。
 
     ``only_bloated`` 时只在表与索引远大于现有的行时动手（定时任务用）；别的进程正在缩时跳过。上一次 REINDEX
     CONCURRENTLY 中途被杀会留下无效的 ``*_ccnew`` 索引（写入还要维护它），先删掉。VACUUM 与 REINDEX

@@ -17,7 +17,7 @@ from documents.models import Document, DocumentChunk
 from documents.services import document_delete, document_upload
 from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
-from ops.tasks import compact_fulltext, shrink_fulltext_l0
+from ops.tasks import compact_fulltext, maintain_fulltext
 from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
 from search import bm25, segments
@@ -369,13 +369,14 @@ def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_schedule_shrinks_a_bloated_l0_and_drops_an_unfinished_reindex(in_l0: KnowledgeBase,
+def test_the_schedule_shrinks_a_bloated_l0_and_drops_an_unfinished_reindex(in_l0: KnowledgeBase, settings: Any,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """批量写入合并完 L0 空了，索引还停在高峰的大小：定时任务只在它远大于现有的行时重建；上一次中途被杀的
     REINDEX CONCURRENTLY 留下的无效索引（写入还要维护它）一并删掉。检索结果不变。"""
     # 唯一索引在重复值上建不成：CONCURRENTLY 失败时留下无效索引，与被杀的 REINDEX CONCURRENTLY 留下的一样
     with pytest.raises(IntegrityError), connection.cursor() as cursor:
         cursor.execute("CREATE UNIQUE INDEX CONCURRENTLY fulltext_l0_pkey_ccnew ON fulltext_l0 (knowledge_base_id)")
+    settings.FULLTEXT_IDLE_MERGE_MINUTES = 0  # 只看收缩
     segments.compact(in_l0.id)
     expected = _results(in_l0)
 
@@ -387,13 +388,69 @@ def test_the_schedule_shrinks_a_bloated_l0_and_drops_an_unfinished_reindex(in_l0
 
     assert invalid_indexes() == ["fulltext_l0_pkey_ccnew"]
     monkeypatch.setattr(segments, "L0_SHRINK_MIN_BYTES", 1 << 40)
-    shrink_fulltext_l0()  # 没到门槛：什么也不做
+    maintain_fulltext()  # 没到门槛：什么也不做
     assert invalid_indexes() == ["fulltext_l0_pkey_ccnew"]
     before, rows = segments.l0_footprint()
     monkeypatch.setattr(segments, "L0_SHRINK_MIN_BYTES", 0)
-    shrink_fulltext_l0()
+    maintain_fulltext()
     after, _ = segments.l0_footprint()
     assert rows == 0 and invalid_indexes() == [] and after < before
     assert _results(in_l0) == expected
     with transaction.atomic():
         assert not segments.shrink_l0()  # VACUUM 与 REINDEX CONCURRENTLY 不能在事务里执行
+
+
+def _segment_docs(kb: KnowledgeBase) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT doc_count FROM fulltext_segments WHERE knowledge_base_id = %s ORDER BY first_ordinal",
+                       [kb.id])
+        return [int(row[0]) for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db
+def test_an_idle_knowledge_base_gets_its_segments_merged_and_ranks_the_same(
+        in_l0: KnowledgeBase, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    """闲下来（L0 空、最新的段写出超过 RAG_FULLTEXT_IDLE_MERGE_MINUTES）的库，维护任务把几个段并成一个；
+    还在写的（段是刚写出的，或 L0 里还有分块）不动。检索结果与分数逐一相同。"""
+    settings.FULLTEXT_IDLE_MERGE_MINUTES = 30
+    segments.compact(in_l0.id, batch=3)
+    expected = _results(in_l0)
+    assert _segment_docs(in_l0) == [3, 3, 2]
+    maintain_fulltext()  # 段刚写出：还不算闲
+    assert _segment_docs(in_l0) == [3, 3, 2]
+
+    def age_segments() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE fulltext_segments SET created_at = now() - interval '31 minutes'"
+                           " WHERE knowledge_base_id = %s", [in_l0.id])
+
+    age_segments()
+    _upload(in_l0, "late.txt", TEXTS[0], django_capture_on_commit_callbacks)  # L0 里还有分块：还在写
+    assert segments.idle_due(30) == []
+    Document.objects.filter(knowledge_base=in_l0, filename="late.txt").delete()
+    assert segments.idle_due(30) == [in_l0.id]
+    maintain_fulltext()
+    assert _segment_docs(in_l0) == [8]
+    assert _results(in_l0) == expected
+    assert segments.mismatches(in_l0.id) == []
+    settings.FULLTEXT_IDLE_MERGE_MINUTES = 0  # 关掉之后不并（这里也没有可并的了）
+    maintain_fulltext()
+    assert _segment_docs(in_l0) == [8]
+
+
+def test_idle_merges_take_the_newest_segments_without_rewriting_a_big_one_for_a_few_chunks() -> None:
+    """闲时合并选段：批量导入留下的分层的段并成一个（最后那一小批不挡住前面的）；零星写入的小段不让大段整个
+    重写；并出的段不超过上限。"""
+    def run(sizes: list[int]) -> list[int] | None:
+        starts = list(itertools.accumulate([0, *sizes]))
+        picked = segments._idle_run([segments._Segment(i, starts[i], starts[i + 1], size)
+                                     for i, size in enumerate(sizes)])
+        return None if picked is None else [segment.docs for segment in picked]
+
+    tiered = [40_000, 40_000, 5_000, 5_000, 5_000, 5_000]
+    assert run(tiered) == tiered
+    assert run([*tiered, 300]) == [*tiered, 300]
+    assert run([150_000, 10]) is None  # 一个大段后面跟一个小段：不为 10 个分块重写 15 万个
+    assert run([150_000, 15_000, 10]) == [15_000, 10]
+    assert run([120_000, 60_000, 30_000]) == [60_000, 30_000]  # 再收 12 万就超过一个段的上限
+    assert run([5_000]) is None and run([]) is None

@@ -1,0 +1,11 @@
+-- 全文存储 v6（在 v5 之上，只写变更）：每个段记下写出的时间 created_at。
+--
+-- 批量写入之后按分层策略留下好几个段（100k 个分块约 6 个），查询在每个段里各查一次词典、各取一次倒排，每个段
+-- 还有一份自己的罕见词词典。知识库写完、闲下来之后，维护任务把这些段并成少数几个大段（search.segments.merge_idle）：
+-- “闲下来”= L0 里没有它的分块，而它最新的段写出已超过 RAG_FULLTEXT_IDLE_MERGE_MINUTES。写入先进 L0，每分钟合并成段，
+-- 所以最新的段的时间就是这个库最近一次写入的时间（只差一次合并的间隔）。
+-- 已有的段取迁移时的时间：升级之后它们先被当作刚写出，闲够时间以后才会被并。
+--
+-- 本文件已随迁移 search.0012_fulltext_segment_created_at 发布，迁移里记着它的 SHA-256，不要再改：
+-- 存储的下一次变更写成 fulltext_storage.v7.sql，由一个新迁移应用（见 search/fulltext.py）。
+ALTER TABLE fulltext_segments ADD COLUMN created_at timestamptz NOT NULL DEFAULT now();
