@@ -4,6 +4,7 @@
     .venv/bin/python bench/fulltext_engine.py --reuse --lucene-python ...   # 在留下的库上只重测大小与查询
     .venv/bin/python bench/fulltext_engine.py --rows 10000 --round 2000 --verify --no-lucene   # 快速检查
     .venv/bin/python bench/fulltext_engine.py --rows 100000 --profile --json /tmp/v2.json     # 加合并与查询的 cProfile
+    .venv/bin/python bench/fulltext_engine.py --reuse --maintained --no-lucene   # 库闲下来、维护之后再量
 
 每个代码树用自己的数据目录（``RAG_DATA_DIR``）；页面 ``bench/pages/fulltext_engine.md`` 有改版前后并排的完整命令。
 
@@ -15,6 +16,9 @@
    写入分轮交替：偶数轮 1 个写入进程，奇数轮 2 个（各自的连接，同一个知识库），两种方式看到的表大小相近，
    比值才不被表的增长带偏。
 2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
+   ``--maintained`` 再把这个库当作已经闲下来、定时维护（``ops.tasks.maintain_fulltext``）跑过：按它的规则并段
+   （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、缩回 L0
+   （``shrink_l0``），计时；大小与查询量的是维护之后的样子。
 3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``）与其中存活的行数据之和，
    另列 tsvector 列（``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，
    旧代码树上才有）；都除以分块数。
@@ -387,6 +391,33 @@ def vacuum() -> None:
             cursor.execute(f"VACUUM (ANALYZE) {table}")
 
 
+def maintain(kb: KnowledgeBase) -> dict[str, Any] | None:
+    """库闲下来之后定时维护做的事：按它的规则并段、缩回 L0，各自计时；再 VACUUM ANALYZE。没有 ``merge_idle`` 的
+    代码树跳过。"""
+    if SEGMENTS is None or not hasattr(SEGMENTS, "merge_idle"):
+        print("  定时维护：这个代码树没有，跳过", flush=True)
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM fulltext_segments WHERE knowledge_base_id = %s", [kb.id])
+        before = int(cursor.fetchone()[0])
+    started = time.perf_counter()
+    result = SEGMENTS.merge_idle(kb.id)
+    seconds = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  闲时并段：{before} 个段并掉 {result.merged} 个、写出 {result.segments} 个，{seconds:.1f} s"
+          f"（进程峰值 {peak_mb:,.0f} MB）", flush=True)
+    l0_before, _ = SEGMENTS.l0_footprint()
+    started = time.perf_counter()
+    SEGMENTS.shrink_l0()
+    shrink_seconds = time.perf_counter() - started
+    l0_after, _ = SEGMENTS.l0_footprint()
+    print(f"  L0 收缩：{l0_before / 2**20:,.1f} → {l0_after / 2**20:,.1f} MB，{shrink_seconds:.1f} s", flush=True)
+    vacuum()
+    return {"segments_before": before, "merged": result.merged, "written": result.segments,
+            "merge_seconds": round(seconds, 2), "peak_rss_mb": round(peak_mb), "l0_bytes_before": l0_before,
+            "l0_bytes_after": l0_after, "shrink_seconds": round(shrink_seconds, 2)}
+
+
 def _relation_bytes(name: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT coalesce(pg_total_relation_size(to_regclass(%s)), 0)", [name])
@@ -555,6 +586,8 @@ def main() -> None:
                         help="合并后用引擎的核对（按分块重算比对）检查一遍；全在内存里，只适合 1 万行级")
     parser.add_argument("--analyze-l0", action="store_true",
                         help="合并前先 ANALYZE fulltext_l0（绕过 L0 统计过期时合并走二次方的计划，见 compact 的说明）")
+    parser.add_argument("--maintained", action="store_true",
+                        help="量大小与查询之前做一遍闲下来之后的定时维护（并段、缩回 L0），计时")
     parser.add_argument("--keep", action="store_true", help="结束后保留数据")
     parser.add_argument("--reuse", action="store_true",
                         help="不写入：在 --keep 留下的库上只重测大小、查询与 Lucene（--rows 要与当时相同）")
@@ -569,6 +602,8 @@ def main() -> None:
     else:
         kb = _fresh_kb(KB_NAME)
         build(kb, args, report)
+    if args.maintained:
+        report["maintenance"] = maintain(kb)
     report["sizes"] = sizes(kb)
     _print_sizes(report["sizes"])
     queries = _queries(range(0, rows), WARMUP + args.queries)
