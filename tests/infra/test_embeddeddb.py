@@ -1,4 +1,5 @@
-"""内嵌 PostgreSQL 的生命周期：不需要数据库的命令不启动它；status/stop 如实报告；start 后 status 给出端口。
+"""内嵌 PostgreSQL 的生命周期：不需要数据库的命令不启动它；status/stop 如实报告；start 后 status 给出端口；
+死掉的服务器只剩僵尸时照样能再启动。
 
 每个用例一个全新的数据目录，在子进程里运行 manage.py（与运维在终端里敲的一样）。
 """
@@ -6,12 +7,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings
+
+from infra import embedded_db
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 ROOT = Path(settings.BASE_DIR)
@@ -62,3 +69,62 @@ def test_external_database_is_reported_not_touched(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "embeddeddb", "status"], cwd=ROOT, env=env,
                           check=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "已设置 RAG_DATABASE_URL（db.example:6543/rag），不使用内嵌 PostgreSQL"
+
+
+@pytest.fixture
+def zombie_pid() -> Iterator[int]:
+    """一个已退出、没人回收的进程的 pid（不是本进程的子进程）：与没有 init 的容器里被杀掉的 postmaster 一样，
+    pid 还“在”。sh 在后台起一个立即退出的 true，再把自己换成从不回收子进程的 sleep。"""
+    holder = subprocess.Popen(["sh", "-c", "true & exec sleep 60"])
+    deadline = time.monotonic() + 10
+    while True:
+        zombies = [child for child in psutil.Process(holder.pid).children()
+                   if child.status() == psutil.STATUS_ZOMBIE]
+        if zombies:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    yield zombies[0].pid
+    holder.kill()  # 僵尸随之交给 init 回收
+    holder.wait()
+
+
+def test_a_dead_postmaster_left_as_a_zombie_does_not_block_the_next_start(tmp_path: Path, zombie_pid: int) -> None:
+    """postmaster 被杀后只剩僵尸（锁文件里的 pid 还“在”）：以前每次连接等满 30 s 后报错，服务重启前再也连不上；
+    现在 status 报已停止，下一次连接清掉锁文件、重新启动服务器。"""
+    data_dir = tmp_path / "data"
+    pid_file = data_dir / "pgdata" / "postmaster.pid"
+    try:
+        manage(data_dir, "embeddeddb", "start")
+        lines = pid_file.read_text().splitlines()
+        manage(data_dir, "embeddeddb", "stop")
+        pid_file.write_text("\n".join([str(zombie_pid), *lines[1:]]) + "\n")
+        assert manage(data_dir, "embeddeddb", "status").splitlines()[0] == "内嵌 PostgreSQL：已停止"
+        started = time.monotonic()
+        assert manage(data_dir, "dbshell", "--", "-At", "-c", "select 41 + 1").strip() == "42"
+        assert time.monotonic() - started < embedded_db.ACCEPT_WAIT_SECONDS
+    finally:
+        manage(data_dir, "embeddeddb", "stop")
+
+
+def test_the_lock_file_stays_while_a_postgres_process_still_works_in_the_data_directory(tmp_path: Path,
+                                                                                         zombie_pid: int) -> None:
+    """postmaster 死了，但还有后端在这个数据目录里工作（孤儿后端的工作目录就是数据目录）：锁文件是防止两个服务器
+    同时写一个数据目录的闸，不删；它们都退出之后才删。"""
+    pgdata = tmp_path / "pgdata"
+    pgdata.mkdir()
+    fake = tmp_path / "postgres"  # 名字叫 postgres 的进程，工作目录在数据目录里
+    fake.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    backend = subprocess.Popen([str(fake), "30"], cwd=pgdata)
+    try:
+        (pgdata / "postmaster.pid").write_text(
+            f"{zombie_pid}\n{pgdata}\n1700000000\n5432\n{pgdata}\n\n  5432001         0\nready   \n")
+        assert not embedded_db.clear_dead_postmaster(pgdata)
+        assert (pgdata / "postmaster.pid").exists()
+        backend.kill()
+        backend.wait()
+        assert embedded_db.clear_dead_postmaster(pgdata)
+        assert not (pgdata / "postmaster.pid").exists()
+        assert not embedded_db.clear_dead_postmaster(pgdata)  # 没有锁文件：什么也不做
+    finally:
+        backend.kill()
