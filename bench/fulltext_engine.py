@@ -44,6 +44,7 @@ import os
 import pstats
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -247,6 +248,37 @@ def _writer(kb_id: uuid.UUID, seeds: range, docs: dict[int, uuid.UUID], triggers
     connection.close()
 
 
+def _wait_sampler(out: Path) -> None:
+    """``--wait-events`` 的采样进程：每 20 ms 看一次正在 COPY 的后端在等什么（没在等就是在 CPU 上），按同时在写的
+    后端数分开计数；收到 SIGTERM 时把计数写进 ``out``。单独一个进程：写入进程是 fork 出来的，同一进程里再有一个连着
+    数据库的线程，子进程退出时会把继承来的连接一并关掉。"""
+    counts: dict[int, dict[str, int]] = {1: {}, 2: {}}
+    running = [True]
+    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
+    with connection.cursor() as cursor:
+        while running[0]:
+            cursor.execute("SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity"
+                           " WHERE backend_type = 'client backend' AND state = 'active'"
+                           " AND starts_with(query, 'COPY document_chunks')")
+            events = [event for (event,) in cursor.fetchall()]
+            for event in events if len(events) in counts else []:
+                counts[len(events)][event] = counts[len(events)].get(event, 0) + 1
+            time.sleep(0.02)
+    out.write_text(json.dumps(counts), encoding="utf-8")
+
+
+def _wait_shares(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """采样计数 → 每种写入进程数下各等待事件的占比（前 6 个），并打印。"""
+    shares = {}
+    for writers, events in counts.items():
+        total = sum(events.values())
+        top = sorted(events.items(), key=lambda item: -item[1])[:6]
+        shares[writers] = {event: round(count / total, 4) for event, count in top} if total else {}
+        print(f"  等待事件（{writers} 个写入进程，{total} 次采样）：" + "，".join(
+            f"{event} {share:.1%}" for event, share in shares[writers].items()), flush=True)
+    return shares
+
+
 def _round(kb: KnowledgeBase, seeds: range, writers: int, docs: dict[int, uuid.UUID],
            triggers: bool = True) -> tuple[float, float]:
     """``writers`` 个进程各写 ``seeds`` 的一份（按文档边界切开），返回 (从第一个开始到最后一个结束的秒数,
@@ -270,10 +302,17 @@ def _round(kb: KnowledgeBase, seeds: range, writers: int, docs: dict[int, uuid.U
     return seconds, terms_rate
 
 
-def store(kb: KnowledgeBase, rows: int, round_rows: int, trigger_rows: int) -> dict[str, Any]:
-    """交替地用 1 个、2 个写入进程写完前 ``trigger_rows`` 行（触发器开着），其余行绕过触发器写入后一次性重建。"""
+def store(kb: KnowledgeBase, rows: int, round_rows: int, trigger_rows: int,
+          wait_events: bool = False) -> dict[str, Any]:
+    """交替地用 1 个、2 个写入进程写完前 ``trigger_rows`` 行（触发器开着），其余行绕过触发器写入后一次性重建。
+    ``wait_events`` 时另起一个进程采样写入后端的等待事件（:func:`_wait_sampler`）。"""
     if round_rows % (2 * CHUNKS_PER_DOCUMENT):
         raise SystemExit(f"--round must be a multiple of {2 * CHUNKS_PER_DOCUMENT}")
+    sampler, samples = None, Path(tempfile.mkdtemp()) / "wait_events.json"
+    if wait_events:
+        # 本解释器运行本文件，参数是自己建的临时路径
+        sampler = subprocess.Popen(  # noqa: S603
+            [sys.executable, str(Path(__file__).resolve()), "--wait-sampler", str(samples)])
     _text(0)  # 词表在 fork 之前载入，子进程共用
     docs = _documents(kb, rows)
     spent = {1: 0.0, 2: 0.0}
@@ -291,6 +330,10 @@ def store(kb: KnowledgeBase, rows: int, round_rows: int, trigger_rows: int) -> d
         print(f"  第 {number + 1} 轮：{seeds.start:,}~{seeds.stop:,} 行，{writers} 个写入进程，"
               f"{len(seeds) / seconds:,.0f} 分块/s（负载 {_load()}）", flush=True)
     result: dict[str, Any] = {"rounds": rounds, "terms_rate": statistics.fmean(terms_rates)}
+    if sampler is not None:
+        sampler.terminate()
+        sampler.wait(timeout=30)
+        result["wait_events"] = _wait_shares(json.loads(samples.read_text(encoding="utf-8")))
     for writers in (1, 2):
         if written[writers]:
             result[f"rate_{writers}"] = written[writers] / spent[writers]
@@ -554,7 +597,7 @@ KB_NAME = "bench-fulltext-engine"
 def build(kb: KnowledgeBase, args: argparse.Namespace, report: dict[str, Any]) -> None:
     """写入（计时）、合并（计时）、VACUUM ANALYZE；结果记进 ``report``。"""
     rows = args.rows
-    report["store"] = store(kb, rows, args.round, min(args.trigger_rows or rows, rows))
+    report["store"] = store(kb, rows, args.round, min(args.trigger_rows or rows, rows), args.wait_events)
     store_report = report["store"]
     print(f"  写入：1 个写入进程 {store_report.get('rate_1', 0):,.0f} 分块/s，2 个 {store_report.get('rate_2', 0):,.0f}"
           f" 分块/s（{store_report.get('ratio', 0):.2f} 倍）；计时外算 tsvector {store_report['terms_rate']:,.0f}"
@@ -586,6 +629,8 @@ def main() -> None:
                         help="合并后用引擎的核对（按分块重算比对）检查一遍；全在内存里，只适合 1 万行级")
     parser.add_argument("--analyze-l0", action="store_true",
                         help="合并前先 ANALYZE fulltext_l0（绕过 L0 统计过期时合并走二次方的计划，见 compact 的说明）")
+    parser.add_argument("--wait-events", action="store_true",
+                        help="写入期间另起一个进程采样写入后端的等待事件（看两个写入进程卡在锁上还是 CPU 上）")
     parser.add_argument("--maintained", action="store_true",
                         help="量大小与查询之前做一遍闲下来之后的定时维护（并段、缩回 L0），计时")
     parser.add_argument("--keep", action="store_true", help="结束后保留数据")
@@ -619,5 +664,7 @@ def main() -> None:
         args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["--wait-sampler"]:
+    _wait_sampler(Path(sys.argv[2]))
+elif __name__ == "__main__":
     main()
