@@ -275,6 +275,15 @@ def merge_idle(kb_id: uuid.UUID) -> CompactResult:
     return _merge_runs(kb_id, _idle_run)
 
 
+def settle(kb_id: uuid.UUID) -> CompactResult:
+    """把一个知识库的全文索引整理成闲下来、定时维护跑过之后的样子：L0 合并成段、闲时并段、L0 远大于现有的行时
+    缩回去。服务自己会在 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 之内做完这些；``manage.py evaluate`` 摄取完调用它，
+    量的是稳态下的知识库。排序不变（FULLTEXT-MAINTENANCE-NEUTRAL）。"""
+    result = compact(kb_id) + merge_idle(kb_id)
+    shrink_l0(only_bloated=True)
+    return result
+
+
 def idle_due(minutes: int) -> list[uuid.UUID]:
     """闲下来、又有不止一个段的知识库：L0 里没有它的分块，最新的段写出已超过 ``minutes`` 分钟（写入先进 L0、
     每分钟合并成段，最新的段的时间就是最近一次写入的时间）。"""

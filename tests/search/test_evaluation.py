@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from documents.ingestion import text_hash
 from documents.models import DocumentChunk
@@ -170,6 +171,10 @@ def test_evaluate_document_level_keep_and_reuse(tmp_path: Path, fake_embedder: A
                  "--chunking", "recursive", "--no-progress")
     kb = KnowledgeBase.objects.get(status="enabled")
     assert kb.chunking["strategy"] == "recursive" and kb.documents.count() == 4
+    with connection.cursor() as cursor:  # 摄取完整理成稳态：L0 合并掉、每个文档一个的段并成一个
+        cursor.execute("SELECT (SELECT count(*) FROM fulltext_l0 WHERE knowledge_base_id = %s),"
+                       " (SELECT count(*) FROM fulltext_segments WHERE knowledge_base_id = %s)", [kb.id, kb.id])
+        assert cursor.fetchone() == (0, 1)
     output = tmp_path / "again.json"
     call_command("evaluate", str(root), "--level", "document", "--modes", "fulltext", "--reuse-kb", kb.name,
                  "--output", str(output), "--no-progress")
@@ -205,6 +210,7 @@ def test_no_progress_still_prints_each_stage(tmp_path: Path, fake_embedder: Any,
     lines = capsys.readouterr().err.splitlines()
     assert any(line.startswith("摄取：6 项") for line in lines)
     assert any(line.startswith("摄取：完成") for line in lines)
+    assert any(line.startswith("整理全文索引：完成") for line in lines)
     assert any(line.startswith("fulltext：完成") for line in lines)
 
 
