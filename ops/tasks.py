@@ -86,15 +86,20 @@ def compact_fulltext(kb_id: str | None = None, due_only: bool = False, request_i
 
 def maintain_fulltext() -> None:
     """全文引擎的定时维护，幂等：闲下来的知识库把批量写入留下的几个段并成大段（``search.segments.merge_idle``，
-    ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 为 0 时不并）；L0 的表与索引远大于它现有的行时把它们缩回去
+    ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 为 0 时不并），并过之后段的表还小时重写紧凑（``repack_small_tables``）；
+    L0 的表与索引远大于它现有的行时把它们缩回去
     （``search.segments.shrink_l0``，别的进程正在缩时跳过）。"""
     with task_context("fulltext_maintenance", None):
+        merged = False
         if settings.FULLTEXT_IDLE_MERGE_MINUTES:
             for kb_id in segments.idle_due(settings.FULLTEXT_IDLE_MERGE_MINUTES):
                 result = segments.merge_idle(kb_id)
                 if result.merged:
+                    merged = True
                     logger.info("fulltext_idle_merged", kb_id=str(kb_id), merged=result.merged,
                                 segments=result.segments, purged=result.purged)
+        if merged and segments.repack_small_tables():
+            logger.info("fulltext_tables_repacked")
         before, _ = segments.l0_footprint()
         if segments.shrink_l0(only_bloated=True):
             logger.info("fulltext_l0_shrunk", bytes_before=before, bytes_after=segments.l0_footprint()[0])

@@ -454,3 +454,26 @@ def test_idle_merges_take_the_newest_segments_without_rewriting_a_big_one_for_a_
     assert run([150_000, 15_000, 10]) == [15_000, 10]
     assert run([120_000, 60_000, 30_000]) == [60_000, 30_000]  # 再收 12 万就超过一个段的上限
     assert run([5_000]) is None and run([]) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_small_segment_tables_are_repacked_after_a_merge(in_l0: KnowledgeBase, settings: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """并段先写新段再删旧段，旧段的页只留给以后的写入：段的表还小时维护任务并过之后用 VACUUM FULL 重写紧凑，
+    文件变小、结果不变；表大了就不做（排他锁太久）。"""
+    def tables_bytes() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c WHERE c.relname = ANY(%s)",
+                           [list(segments._SEGMENT_TABLES)])
+            return int(cursor.fetchone()[0])
+
+    segments.compact(in_l0.id, batch=3)
+    expected = _results(in_l0)
+    assert segments.merge_idle(in_l0.id).merged == 3
+    monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
+    assert not segments.repack_small_tables()
+    before = tables_bytes()
+    monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 64 * 1024 * 1024)
+    assert segments.repack_small_tables()
+    assert tables_bytes() < before
+    assert _results(in_l0) == expected and segments.mismatches(in_l0.id) == []
