@@ -449,11 +449,9 @@ def maintain(kb: KnowledgeBase) -> dict[str, Any] | None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  闲时并段：{before} 个段并掉 {result.merged} 个、写出 {result.segments} 个，{seconds:.1f} s"
           f"（进程峰值 {peak_mb:,.0f} MB）", flush=True)
-    l0_before, _ = SEGMENTS.l0_footprint()
     started = time.perf_counter()
-    SEGMENTS.shrink_l0()
+    l0_before, l0_after = SEGMENTS.shrink_l0() or (0, 0)
     shrink_seconds = time.perf_counter() - started
-    l0_after, _ = SEGMENTS.l0_footprint()
     print(f"  L0 收缩：{l0_before / 2**20:,.1f} → {l0_after / 2**20:,.1f} MB，{shrink_seconds:.1f} s", flush=True)
     vacuum()
     return {"segments_before": before, "merged": result.merged, "written": result.segments,

@@ -1,8 +1,9 @@
 """后台任务入口（django-q2 按名字调用，只接收 id，可重复执行）与周期任务。
 
 - 知识库清理 ``run_cleanup``（执行过程见 ``ops.cleanup``）与知识库 HNSW 索引同步 ``sync_vector_indexes``；
-- 全文引擎的 L0 合并成段 ``compact_fulltext``（写入后按知识库入队，另有每分钟的定时任务），批量写入之后把 L0 的
-  闲下来的知识库并段、批量写入之后把 L0 的表与索引缩回去 ``maintain_fulltext``（维护队列，每 10 分钟一次）；
+- 全文引擎的 L0 合并成段 ``compact_fulltext``（写入后按知识库入队，另有每分钟的定时任务）；全文引擎的维护
+  ``maintain_fulltext``（维护队列，每 10 分钟一次）：闲下来的知识库并段、小的段表重写紧凑、批量写入之后把 L0 的
+  表与索引缩回去；
 - 回收器 ``reap_stale_tasks``：每分钟一次（在快队列上执行，不排在长摄取后面），把 worker 死掉（租约过期未续）的
   作业放回它自己的队列、死过两次的判为失败，把交给队列后超过 RAG_STALE_TASK_SECONDS 还没人开始的作业再交一次
   （见 ``jobs.runner.reap``）。停止服务不在此列：收到停止信号的 worker 在检查点交还租约、作业原样回到队列
@@ -39,8 +40,8 @@ RELEVANCE_SCHEDULE = "search.refresh_relevance_profiles"
 RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
 # 全文 L0 的定时合并（迁移 ops.0006 建立，每分钟一次，快队列）
 FULLTEXT_COMPACT_SCHEDULE = "search.compact_fulltext"
-# 全文引擎的定时维护：闲时并段、L0 收缩（迁移 ops.0007 建立，每 10 分钟一次，维护队列：并一个 10 万块的库要
-# 一两分钟，REINDEX CONCURRENTLY 要等之前的事务结束）
+# 全文引擎的定时维护：闲时并段、小的段表重写、L0 收缩（迁移 ops.0007 建立，每 10 分钟一次，维护队列：
+# 并一个 10 万块的库要十几秒到一两分钟，REINDEX CONCURRENTLY 要等之前的事务结束）
 FULLTEXT_MAINTENANCE_SCHEDULE = "search.maintain_fulltext"
 FULLTEXT_MAINTENANCE_TASK_FUNC = "ops.tasks.maintain_fulltext"
 # 按维护任务上限（RAG_MAINTENANCE_TIMEOUT）计时的调度：名字 → 任务函数
@@ -87,8 +88,7 @@ def compact_fulltext(kb_id: str | None = None, due_only: bool = False, request_i
 def maintain_fulltext() -> None:
     """全文引擎的定时维护，幂等：闲下来的知识库把批量写入留下的几个段并成大段（``search.segments.merge_idle``，
     ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 为 0 时不并），并过之后段的表还小时重写紧凑（``repack_small_tables``）；
-    L0 的表与索引远大于它现有的行时把它们缩回去
-    （``search.segments.shrink_l0``，别的进程正在缩时跳过）。"""
+    L0 的表与索引远大于它现有的行时把它们缩回去（``shrink_l0``，别的进程正在缩时跳过）。"""
     with task_context("fulltext_maintenance", None):
         merged = False
         if settings.FULLTEXT_IDLE_MERGE_MINUTES:
@@ -100,9 +100,9 @@ def maintain_fulltext() -> None:
                                 segments=result.segments, purged=result.purged)
         if merged and segments.repack_small_tables():
             logger.info("fulltext_tables_repacked")
-        before, _ = segments.l0_footprint()
-        if segments.shrink_l0(only_bloated=True):
-            logger.info("fulltext_l0_shrunk", bytes_before=before, bytes_after=segments.l0_footprint()[0])
+        shrunk = segments.shrink_l0(only_bloated=True)
+        if shrunk:
+            logger.info("fulltext_l0_shrunk", bytes_before=shrunk[0], bytes_after=shrunk[1])
 
 
 def maintenance_schedule_refresh(*, using: str, apps: Apps = global_apps, **_: Any) -> None:

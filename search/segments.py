@@ -509,22 +509,23 @@ def l0_footprint() -> tuple[int, int]:
     return int(size), int(rows)
 
 
-def shrink_l0(*, only_bloated: bool = False) -> bool:
+def shrink_l0(*, only_bloated: bool = False) -> tuple[int, int] | None:
     """批量写入之后（升级时整库的分块都经过 L0）把 L0 的表与索引缩回去：VACUUM 只把空出的页留着复用，GIN 索引
     不会变小（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）。CONCURRENTLY 不挡写入与查询，
     但要等开始之前的事务结束，所以由维护队列上的定时任务执行（``ops.tasks.maintain_fulltext``），不放在合并里。
 
     ``only_bloated`` 时只在表与索引远大于现有的行时动手（定时任务用）；别的进程正在缩时跳过。上一次 REINDEX
     CONCURRENTLY 中途被杀会留下无效的 ``*_ccnew`` 索引（写入还要维护它），先删掉。VACUUM 与 REINDEX
-    CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做。返回是否缩了。"""
+    CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做。缩了就返回 (之前, 之后) 的字节数，
+    否则 None。"""
     if connection.in_atomic_block:
-        return False
+        return None
     with advisory_lock(_SHRINK_LOCK) as acquired:
         if not acquired:
-            return False
+            return None
         size, rows = l0_footprint()
         if only_bloated and size <= max(L0_SHRINK_MIN_BYTES, rows * _L0_ROW_BYTES):
-            return False
+            return None
         with connection.cursor() as cursor:
             cursor.execute("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
                            " WHERE i.indrelid = 'fulltext_l0'::regclass AND NOT i.indisvalid"
@@ -534,7 +535,7 @@ def shrink_l0(*, only_bloated: bool = False) -> bool:
             cursor.execute("VACUUM fulltext_l0")
             cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_lexemes")
             cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_pkey")
-    return True
+    return size, l0_footprint()[0]
 
 
 # ---------------------------------------------------------------- 整库删除、重建、核对
