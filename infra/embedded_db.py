@@ -58,10 +58,15 @@ def _server(data_dir: Path):  # type: ignore[no-untyped-def]
         return _pgserver().get_server(_pgdata(data_dir), cleanup_mode=None)
 
 
+def _postmaster(pgdata: Path):  # type: ignore[no-untyped-def]
+    """postmaster.pid 的内容（pgserver 的 PostmasterInfo）；数据目录或锁文件不在时为 None。"""
+    return _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
+
+
 def embedded_database_status(data_dir: Path) -> EmbeddedStatus:
     """读 postmaster.pid 判断服务器是否在运行；残留的 pid 文件（进程已不在，或只剩僵尸）算作已停止。"""
     pgdata = _pgdata(data_dir)
-    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
+    info = _postmaster(pgdata)
     if info is None or not info.is_running() or _is_zombie(info.process):
         return EmbeddedStatus(running=False, data_dir=pgdata)
     return EmbeddedStatus(running=True, data_dir=pgdata, pid=info.pid, port=info.port, socket_dir=info.socket_dir)
@@ -82,7 +87,7 @@ def clear_dead_postmaster(pgdata: Path) -> bool:
     拒绝再启动，于是每次连接都要等满 ``ACCEPT_WAIT_SECONDS`` 再报错，服务重启前再也连不上。僵尸是本进程的子进程时顺手
     回收。数据目录里还有活着的 postgres 进程（孤儿后端的工作目录就是数据目录）时不删：锁文件是 PostgreSQL 防止两个
     服务器同时写一个数据目录的那道闸，只在确认没人在用时才拿掉。"""
-    info = _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
+    info = _postmaster(pgdata)
     if info is None or not _is_zombie(info.process):
         return False
     with contextlib.suppress(ChildProcessError):
@@ -96,7 +101,7 @@ def clear_dead_postmaster(pgdata: Path) -> bool:
 def _works_in(process: psutil.Process, pgdata: Path) -> bool:
     """一个活着的 postgres 进程是否在这个数据目录里工作；看不到它的工作目录时保守地当作是。"""
     try:
-        if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
+        if process.name() != "postgres" or _is_zombie(process):
             return False
         return Path(process.cwd()).resolve() == pgdata.resolve()
     except psutil.NoSuchProcess:
