@@ -23,12 +23,17 @@ from raglib.relevance import MODE_FEATURES, RelevanceModel
 from raglib.retrieval_profile import RetrievalProfile, model_profile
 from search.models import RelevanceProfile
 
+# 分数用的模型从哪里来
+ORIGINS = ("own", "borrowed", "global")
+
 
 @dataclass(frozen=True)
 class _Profile:
     models: dict[str, RelevanceModel]
     script: str
-    # 模型学自哪个知识库：本库自己，或同一 embedding 模型的另一个库（默认模型）；没有模型时为 None
+    # ORIGINS 之一：本库自己的、同一 embedding 模型的另一个库的，或没有模型（全局校准）
+    origin: str = "global"
+    # 模型学自哪个知识库（own、borrowed 时）
     source: uuid.UUID | None = None
 
 
@@ -55,9 +60,11 @@ def retrieval_profile(kb: KnowledgeBase) -> RetrievalProfile:
 
 
 def model_default(kb: KnowledgeBase) -> RelevanceProfile | None:
-    """同一 embedding 模型的默认模型：用这个模型的库里分块最多的那个的模型（不含本库）。"""
+    """同一 embedding 模型的默认模型：用这个模型的库里分块最多的那个的模型（不含本库，也不含已删除的库——软删除的
+    库行与它的模型要等清理后很久才消失，不能让删掉的数据继续给别的库打分）。"""
     return (RelevanceProfile.objects.filter(embedding_model=embedding_model_key(kb))
-            .exclude(knowledge_base_id=kb.id).order_by("-chunk_count", "knowledge_base_id").first())
+            .exclude(knowledge_base_id=kb.id).exclude(knowledge_base__status=KnowledgeBase.Status.DELETED)
+            .order_by("-chunk_count", "knowledge_base_id").first())
 
 
 def sampled_script(kb_id: uuid.UUID) -> str:
@@ -69,6 +76,7 @@ def sampled_script(kb_id: uuid.UUID) -> str:
 
 def _load(kb_id: uuid.UUID) -> _Profile:
     profile = RelevanceProfile.objects.filter(knowledge_base_id=kb_id).first()
+    origin = "own"
     if profile is not None:
         script = profile.script
     else:
@@ -76,12 +84,13 @@ def _load(kb_id: uuid.UUID) -> _Profile:
         script = sampled_script(kb_id)
         kb = KnowledgeBase.objects.filter(id=kb_id).first()
         profile = model_default(kb) if kb is not None else None
+        origin = "borrowed"
     if profile is None:
         return _Profile({}, script)
     # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
     models = {mode: model for mode, data in profile.mode_models.items()
               if current(model := RelevanceModel.from_dict(data))}
-    return _Profile(models, script, profile.knowledge_base_id)
+    return _Profile(models, script, origin, profile.knowledge_base_id)
 
 
 def _profile(kb_id: uuid.UUID) -> _Profile:
@@ -100,8 +109,13 @@ def relevance_model(kb_id: uuid.UUID, mode: str) -> RelevanceModel | None:
 
 
 def model_source(kb_id: uuid.UUID) -> uuid.UUID | None:
-    """该知识库的模型学自哪个库（本库或同模型的默认）；没有模型时为 None。"""
+    """该知识库的模型学自哪个库（本库或同模型的另一个库）；没有模型时为 None。"""
     return _profile(kb_id).source
+
+
+def model_origin(kb_id: uuid.UUID) -> str:
+    """该知识库的分数用的模型从哪里来（:data:`ORIGINS` 之一）。"""
+    return _profile(kb_id).origin
 
 
 def knowledge_base_script(kb_id: uuid.UUID) -> str:

@@ -187,23 +187,30 @@ def relevance_forget(*, kb: KnowledgeBase) -> None:
     profiles.forget(kb.id)
 
 
-def profiles_due() -> list[KnowledgeBase]:
-    """需要（重新）拟合的启用知识库：还没有模型、模型的特征或拟合做法已过时（升级之后），或分块数变化较大。
-    分块数取已完成文档的 ``chunk_count`` 之和（按文档表汇总，不数分块表：
+def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
+    """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
+    （升级之后），或分块数变化较大。分块数取已完成文档的 ``chunk_count`` 之和（按文档表汇总，不数分块表：
     百万分块的库上数分块表是一次全表扫描）。"""
-    counts = dict(Document.objects.filter(status=Document.Status.COMPLETED).values_list("knowledge_base_id")
+    documents = Document.objects.filter(status=Document.Status.COMPLETED)
+    fitted_profiles = RelevanceProfile.objects.all()
+    enabled = KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED)
+    if only is not None:
+        documents = documents.filter(knowledge_base_id=only)
+        fitted_profiles = fitted_profiles.filter(knowledge_base_id=only)
+        enabled = enabled.filter(id=only)
+    counts = dict(documents.values_list("knowledge_base_id")
                   .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
     fitted: dict[uuid.UUID, int] = {}
     outdated: set[uuid.UUID] = set()
-    for kb_id, chunk_count, mode_models in RelevanceProfile.objects.values_list("knowledge_base_id", "chunk_count",
-                                                                                 "mode_models"):
+    for kb_id, chunk_count, mode_models in fitted_profiles.values_list("knowledge_base_id", "chunk_count",
+                                                                       "mode_models"):
         fitted[kb_id] = chunk_count
         models = [RelevanceModel.from_dict(data) for data in mode_models.values()]
         # 拟合做法更新过的旧模型仍可用（查询时照用），但要重新拟合
         if not all(profiles.current(model) and model.revision == MODEL_REVISION for model in models):
             outdated.add(kb_id)
     due = []
-    for kb in KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED).order_by("created_at"):
+    for kb in enabled.order_by("created_at"):
         chunks = counts.get(kb.id) or 0
         before = fitted.get(kb.id)
         if chunks < MIN_CHUNKS:
@@ -213,11 +220,11 @@ def profiles_due() -> list[KnowledgeBase]:
     return due
 
 
-def relevance_refresh() -> list[KnowledgeBase]:
-    """为 :func:`profiles_due` 列出的知识库逐个拟合；同一知识库同一时刻只有一个执行者（advisory lock，
-    上一轮还没拟合完时这一轮跳过它）。返回拟合了的知识库。"""
+def relevance_refresh(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
+    """为 :func:`profiles_due` 列出的知识库（``only`` 给出时只看这一个）逐个拟合；同一知识库同一时刻只有一个
+    执行者（advisory lock，上一轮还没拟合完时这一轮跳过它）。返回拟合了的知识库。"""
     fitted = []
-    for kb in profiles_due():
+    for kb in profiles_due(only):
         with advisory_lock(f"relevance:{kb.id}") as acquired:
             if acquired and relevance_fit(kb=kb) is not None:
                 fitted.append(kb)

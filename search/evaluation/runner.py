@@ -40,9 +40,10 @@ from raglib.evaluation.reference import ReferenceIndex
 from raglib.parsing import parse_document
 from raglib.providers.embedding import EmbeddingProvider
 from raglib.scoring import REFERENCE_THRESHOLD
-from search import segments, services
+from search import profiles, segments, services
 from search.evaluation.embedding_cache import embedding_cache, prefill
 from search.query_embeddings import clear_query_embeddings
+from search.relevance import relevance_refresh
 
 # 评测方式 → (检索方式, 是否重排序)
 MODES: dict[str, tuple[services.Mode, bool]] = {
@@ -76,6 +77,16 @@ class EvaluationConfig:
     cache_query_embeddings: bool = False
     # 无关问题（另一个话题、另一种语言）：名称 → 问题文本；库里没有它们的答案，看每种方式第一名的分数有多低
     unrelated: dict[str, list[str]] = field(default_factory=dict)
+    # 不替知识库拟合相关概率模型：量新库在定时任务第一次拟合之前的分数（借同模型的库，或全局校准）
+    unfitted: bool = False
+
+
+# 分数出自哪里（报告里的说明）
+SCORE_SOURCES = {
+    "own": "本库自己的相关概率模型",
+    "borrowed": "借同一 embedding 模型的另一个库的相关概率模型（本库还没有自己的）",
+    "global": "全局校准参数（本库与同模型的库都还没有相关概率模型）",
+}
 
 
 @dataclass
@@ -106,6 +117,10 @@ class EvaluationReport:
     unrelated: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # 延迟是否含查询向量化：--cache-query-embeddings 时查询向量在计时之前就全部算好（各方式口径一致，都不含）
     latency_includes_query_embedding: bool = True
+    # 分数出自哪个相关概率模型（``search.profiles.ORIGINS`` 之一，说明见 :data:`SCORE_SOURCES`），
+    # 以及本次为它拟合用了多少秒（没拟合为 0）
+    score_source: str = "global"
+    fit_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +128,7 @@ class EvaluationReport:
             "knowledge_base": self.knowledge_base, "ingest_seconds": round(self.ingest_seconds, 1),
             "total_seconds": round(self.total_seconds, 1),
             "latency_includes_query_embedding": self.latency_includes_query_embedding,
+            "score_source": self.score_source, "fit_seconds": round(self.fit_seconds, 1),
             "unrelated": self.unrelated,
             "modes": {m.mode: {"queries": m.queries, "skipped": m.skipped or None, "degraded_queries":
                                m.degraded_queries, **{k: round(v, 4) for k, v in m.metrics.items()},
@@ -136,6 +152,9 @@ class EvaluationReport:
             "延迟是检索服务的耗时（不含 HTTP），" + ("含查询向量化（每种方式开始前清空查询向量缓存）。"
                                                   if self.latency_includes_query_embedding else
                                                   "不含查询向量化（查询向量在计时前已全部算好，各方式口径相同）。"),
+            "",
+            f"分数：{SCORE_SOURCES[self.score_source]}"
+            + (f"（本次拟合 {self.fit_seconds:.0f} s）" if self.fit_seconds else ""),
             "",
             "| 方式 | 问题数 | nDCG@10 | Recall@10 | Recall@100 | MRR@10 | hit@1 | hit@5 | hit@10 | p50 ms | p95 ms |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -249,6 +268,18 @@ def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_p
     for _ in progress([kb.id], "整理全文索引"):
         segments.settle(kb.id)
     return kb
+
+
+def fit_when_due(kb: KnowledgeBase, progress: Progress = no_progress) -> float:
+    """像服务的定时任务那样替知识库拟合相关概率模型（还没有、已过时或分块数变化较大时），返回用时（秒）。
+
+    服务在摄取后 10 分钟之内就会拟合（``ops.tasks.refresh_relevance_profiles``）；评测不拟合时量到的是新库在那之前
+    借来的分数（同模型的另一个库，或全局校准），与用户稳态下拿到的分数不同——别的机器上新建的评测库往往一个同模型的库
+    都没有，向量方式的分数就一条也到不了 0.5。"""
+    started = time.perf_counter()
+    for _ in progress([kb.id], "拟合相关概率模型"):
+        relevance_refresh(only=kb.id)
+    return time.perf_counter() - started
 
 
 def embedding_inputs(kb: KnowledgeBase, bodies: Sequence[tuple[Unit, str]], provider: EmbeddingProvider,
@@ -384,6 +415,7 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
     if kb is None:
         kb = ingest(dataset, config, progress)
     ingest_seconds = time.perf_counter() - started
+    fit_seconds = 0.0 if config.unfitted else fit_when_due(kb, progress)
     try:
         statuses = dict(Document.objects.filter(knowledge_base=kb).values_list("status")
                         .annotate(count=Count("id")).values_list("status", "count"))
@@ -408,6 +440,7 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
                             "chunks": DocumentChunk.objects.filter(knowledge_base=kb).exclude(role="parent").count()},
             ingest_seconds=0.0 if reuse else ingest_seconds, modes=reports,
             latency_includes_query_embedding=not config.cache_query_embeddings, unrelated=unrelated,
+            score_source=profiles.model_origin(kb.id), fit_seconds=fit_seconds,
         )
     finally:
         if not (config.keep or reuse):

@@ -30,6 +30,7 @@ from search.evaluation.runner import embedding_inputs
 from search.evaluation.sample import PASSAGES as SAMPLE_PASSAGES
 from search.evaluation.sample import QUERIES as SAMPLE_QUERIES
 from search.evaluation.sample import write_sample_dataset
+from search.relevance import MIN_CHUNKS
 
 # ---------------------------------------------------------------- 指标（手算）
 
@@ -212,6 +213,43 @@ def test_no_progress_still_prints_each_stage(tmp_path: Path, fake_embedder: Any,
     assert any(line.startswith("摄取：完成") for line in lines)
     assert any(line.startswith("整理全文索引：完成") for line in lines)
     assert any(line.startswith("fulltext：完成") for line in lines)
+
+
+def _write_topic_dataset(root: Path) -> Path:
+    """十个主题、每个主题四段：分块数过了 ``MIN_CHUNKS``，够拟合本库的相关概率模型。"""
+    root.mkdir(parents=True, exist_ok=True)
+    topics = ["月季", "兰花", "招标", "评标", "木星", "火星", "高血压", "糖尿病", "铁路", "航空"]
+    passages = [(f"p{t}-{i}", topic, f"{topic}的第{i}条说明：{topic}在第{i}种情况下需要第{t * 10 + i}号处理方法。")
+                for t, topic in enumerate(topics) for i in range(4)]
+    (root / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": pid, "title": title, "text": text}, ensure_ascii=False) + "\n"
+        for pid, title, text in passages), encoding="utf-8")
+    (root / "queries.jsonl").write_text("".join(
+        json.dumps({"_id": f"q{t}", "text": f"{topic}需要第几号处理方法"}, ensure_ascii=False) + "\n"
+        for t, topic in enumerate(topics)), encoding="utf-8")
+    (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                    + "".join(f"q{t}\tp{t}-0\t1\n" for t in range(len(topics))))
+    return root
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_scores_with_the_model_the_service_would_fit(tmp_path: Path, fake_embedder: Any,
+                                                              capsys: Any) -> None:
+    """服务在摄取后 10 分钟内替新库拟合相关概率模型；评测默认先拟合，量的是用户稳态下的分数（以前量的是全局校准，
+    别处新建的评测库上向量方式一条都到不了 0.5）。``--unfitted`` 量拟合之前的样子。"""
+    root = _write_topic_dataset(tmp_path / "topics")
+    before = tmp_path / "before.json"
+    call_command("evaluate", str(root), "--modes", "vector", "--unfitted", "--output", str(before), "--no-progress")
+    report = json.loads(before.read_text(encoding="utf-8"))
+    assert report["score_source"] == "global" and report["fit_seconds"] == 0.0
+    after = tmp_path / "after.json"
+    call_command("evaluate", str(root), "--modes", "vector", "--output", str(after), "--no-progress")
+    report = json.loads(after.read_text(encoding="utf-8"))
+    assert report["knowledge_base"]["chunks"] >= MIN_CHUNKS
+    assert report["score_source"] == "own" and report["fit_seconds"] > 0.0
+    output = capsys.readouterr()
+    assert "分数：本库自己的相关概率模型（本次拟合" in output.out
+    assert any(line.startswith("拟合相关概率模型：完成") for line in output.err.splitlines())
 
 
 @pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from bench.helpers.xlmr_models import build_embedding_model
 from documents.models import DocumentChunk
 from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
-from knowledge.services import knowledge_base_create
+from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
 from raglib.relevance import PseudoQuery, fit_model
@@ -68,6 +68,7 @@ def test_knowledge_base_without_a_model_borrows_one_of_its_embedding_model(clien
     ingest_text(client_rw, small, "a.md", "# 月季\n\n月季的第1条说明：月季需要第1号处理方法。")
     assert relevance_fit(kb=small) is None
     assert profiles.model_source(small.id) == library.id and profiles.knowledge_base_script(small.id) == ""
+    assert profiles.model_origin(small.id) == "borrowed" and profiles.model_origin(library.id) == "own"
     request = services.SearchRequest(query="月季 处理方法", top_k=3, mode="fulltext", rerank=False)
     results = services.search(small, request).results
     model = profiles.relevance_model(small.id, "fulltext")
@@ -78,6 +79,12 @@ def test_knowledge_base_without_a_model_borrows_one_of_its_embedding_model(clien
     profiles.forget(small.id)
     assert profiles.model_source(small.id) is None
     assert not any(r.learned for r in services.search(small, request).results)
+    # 已删除的库（软删除，库行与模型还在）的模型也不借
+    RelevanceProfile.objects.filter(knowledge_base=library).update(embedding_model=profiles.embedding_model_key(small))
+    knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=library.id)
+    profiles.forget(small.id)
+    assert RelevanceProfile.objects.filter(knowledge_base=library).exists()
+    assert profiles.model_source(small.id) is None
 
 
 @pytest.mark.django_db(transaction=True)

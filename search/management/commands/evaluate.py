@@ -91,6 +91,10 @@ class Command(BaseCommand):
                                                            "写成 JSON，供失败分析")
         parser.add_argument("--cache-query-embeddings", action="store_true",
                             help="查询向量也缓存到 RAG_DATA_DIR/eval-cache（反复评测省时；延迟随之不含查询向量化）")
+        parser.add_argument("--unfitted", action="store_true",
+                            help="摄取后不替知识库拟合相关概率模型：量新库在定时任务第一次拟合（摄取后 10 分钟内）"
+                                 "之前的分数——借同一 embedding 模型的另一个库的模型，或全局校准"
+                                 "（默认像服务那样先拟合）")
         parser.add_argument("--fit-calibration", action="store_true",
                             help="用本次前 10 条结果与标注拟合不重排时的全局校准曲线，打印成 Calibration(...)，"
                                  "可作为新 embedding 模型的检索画像（raglib/retrieval_profile.py）")
@@ -147,7 +151,7 @@ class Command(BaseCommand):
         config = EvaluationConfig(chunking=options["chunking"], embedding_provider=options["embedding_provider"],
                                   embedding_model=options["embedding_model"], modes=modes, keep=options["keep"],
                                   query_sets=query_sets, cache_query_embeddings=options["cache_query_embeddings"],
-                                  unrelated=self._unrelated(options["unrelated"]))
+                                  unrelated=self._unrelated(options["unrelated"]), unfitted=options["unfitted"])
         self.stderr.write(f"{dataset.name}：{len(dataset.units)} 个{'段落' if dataset.level == 'passage' else '文档'}，"
                           f"{len(dataset.queries)} 个问题，方式 {', '.join(modes)}")
         progress = _stage_lines(self.stderr) if options["no_progress"] else _progress
