@@ -35,7 +35,7 @@ REAPER_SCHEDULE_NAME = "ops.reap_stale_tasks"
 # 索引同步的定时调度（迁移 knowledge.0005 建立，每 5 分钟一次）
 VECTOR_INDEX_SCHEDULE = "knowledge.sync_vector_indexes"
 VECTOR_INDEX_TASK_FUNC = "ops.tasks.sync_vector_indexes"
-# 相关概率模型的定时检查（迁移 ops.0005 建立，每 10 分钟一次）
+# 相关概率模型的定时检查（迁移 ops.0005 建立，ops.0008 改为每分钟一次；重新拟合仍至少隔 10 分钟，见 search.relevance）
 RELEVANCE_SCHEDULE = "search.refresh_relevance_profiles"
 RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
 # 全文 L0 的定时合并（迁移 ops.0006 建立，每分钟一次，快队列）

@@ -273,9 +273,9 @@ def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_p
 def fit_when_due(kb: KnowledgeBase, progress: Progress = no_progress) -> float:
     """像服务的定时任务那样替知识库拟合相关概率模型（还没有、已过时或分块数变化较大时），返回用时（秒）。
 
-    服务在摄取后 10 分钟之内就会拟合（``ops.tasks.refresh_relevance_profiles``）；评测不拟合时量到的是新库在那之前
-    借来的分数（同模型的另一个库，或全局校准），与用户稳态下拿到的分数不同——别的机器上新建的评测库往往一个同模型的库
-    都没有，向量方式的分数就一条也到不了 0.5。"""
+    服务在摄取后一两分钟之内就会拟合（``ops.tasks.refresh_relevance_profiles`` 每分钟检查一次）；评测不拟合时量到的
+    是新库在那之前借来的分数（同模型的另一个库，或全局校准），与用户稳态下拿到的分数不同——别的机器上新建的评测库
+    往往一个同模型的库都没有，向量方式的分数就一条也到不了 0.5。"""
     started = time.perf_counter()
     for _ in progress([kb.id], "拟合相关概率模型"):
         relevance_refresh(only=kb.id)

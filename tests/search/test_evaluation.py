@@ -235,7 +235,7 @@ def _write_topic_dataset(root: Path) -> Path:
 @pytest.mark.django_db(transaction=True)
 def test_evaluate_scores_with_the_model_the_service_would_fit(tmp_path: Path, fake_embedder: Any,
                                                               capsys: Any) -> None:
-    """服务在摄取后 10 分钟内替新库拟合相关概率模型；评测默认先拟合，量的是用户稳态下的分数（以前量的是全局校准，
+    """服务在摄取后一两分钟内替新库拟合相关概率模型；评测默认先拟合，量的是用户稳态下的分数（以前量的是全局校准，
     别处新建的评测库上向量方式一条都到不了 0.5）。``--unfitted`` 量拟合之前的样子。"""
     root = _write_topic_dataset(tmp_path / "topics")
     before = tmp_path / "before.json"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.sql import emit_post_migrate_signal
+from django.utils import timezone
 from django_q.models import Schedule
 
 from bench.helpers.xlmr_models import build_embedding_model
@@ -23,6 +24,7 @@ from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import (
     MIN_CHUNKS,
+    REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
     label_for,
     profiles_due,
@@ -156,7 +158,10 @@ def test_refresh_fits_new_and_changed_knowledge_bases_only(client_rw: Any, libra
                            for i in range(12))
         ingest_text(client_rw, library, f"补充{index}.md", f"# 补充{index}\n\n{body}")
     assert DocumentChunk.objects.filter(knowledge_base=library).count() > 1.2 * before
-    assert library in profiles_due()
+    # 刚拟合过：大批摄取期间不一分钟拟合一次，离上次拟合过了 REFIT_INTERVAL 才重新拟合
+    assert library not in profiles_due()
+    RelevanceProfile.objects.filter(knowledge_base=library).update(fitted_at=timezone.now() - REFIT_INTERVAL)
+    assert library in profiles_due() and profiles_due(only=library.id) == [library]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -186,11 +191,12 @@ def test_other_chunks_of_the_source_document_count_as_partly_relevant(library: K
 
 @pytest.mark.django_db
 def test_relevance_schedule_runs_on_the_maintenance_timeout(settings: Any) -> None:
-    """迁移 ops.0005 建立的调度每 10 分钟一次，migrate 之后（post_migrate）按 RAG_MAINTENANCE_TIMEOUT 计时。"""
+    """迁移 ops.0005 建立、ops.0008 改成每分钟一次的调度（新库摄取完下一分钟就有自己的模型），migrate 之后
+    （post_migrate）按 RAG_MAINTENANCE_TIMEOUT 计时。"""
     settings.MAINTENANCE_TIMEOUT = 4321
     emit_post_migrate_signal(0, False, "default")
     schedule = Schedule.objects.get(name=RELEVANCE_SCHEDULE)
-    assert schedule.func == RELEVANCE_TASK_FUNC and schedule.minutes == 10
+    assert schedule.func == RELEVANCE_TASK_FUNC and schedule.minutes == 1
     assert ast.literal_eval(schedule.kwargs) == {"q_options": {"timeout": 4321}}
 
 

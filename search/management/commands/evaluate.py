@@ -92,7 +92,7 @@ class Command(BaseCommand):
         parser.add_argument("--cache-query-embeddings", action="store_true",
                             help="查询向量也缓存到 RAG_DATA_DIR/eval-cache（反复评测省时；延迟随之不含查询向量化）")
         parser.add_argument("--unfitted", action="store_true",
-                            help="摄取后不替知识库拟合相关概率模型：量新库在定时任务第一次拟合（摄取后 10 分钟内）"
+                            help="摄取后不替知识库拟合相关概率模型：量新库在定时任务第一次拟合（摄取后一两分钟内）"
                                  "之前的分数——借同一 embedding 模型的另一个库的模型，或全局校准"
                                  "（默认像服务那样先拟合）")
         parser.add_argument("--fit-calibration", action="store_true",
