@@ -50,6 +50,17 @@ def test_pseudo_queries_are_deterministic_and_drop_part_of_a_sentence() -> None:
             assert 0.2 <= 1 - len(query.text) / len(query.sentence) <= 0.6
 
 
+def test_small_knowledge_bases_get_more_than_one_pseudo_query_per_chunk() -> None:
+    """分块比要造的题少时一轮轮地从各分块里取还没出过题的句子，不重复、用完为止；分块够多时每块一句（与以前相同）。"""
+    chunks = [(i, "。".join(f"第{i}号分块的第{j}句话讲的是一件相当具体的事情" for j in range(4)) + "。")
+              for i in range(3)]
+    made = pseudo_queries(chunks, 10, seed=0)
+    assert len(made) == 10 and len({q.sentence for q in made}) == 10
+    assert all(q.sentence in dict(chunks)[q.source] for q in made)
+    assert len(pseudo_queries(chunks, 50, seed=0)) == 12  # 3 块各 4 句，用完为止
+    assert sorted(q.source for q in pseudo_queries(chunks, 3, seed=0)) == [0, 1, 2]
+
+
 def test_candidate_features_are_relative_to_the_best_candidate() -> None:
     calibration = Calibration(0.8, 0.05, 0.5, 0.1, 10.0, 4.0, -9.0)
     rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50,
