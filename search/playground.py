@@ -149,13 +149,12 @@ def timing_rows(timings_ms: dict[str, float]) -> list[TimingRow]:
 
 def model_source_label(kb: KnowledgeBase) -> str:
     """分数学自哪里：本库的模型、同一 embedding 模型的另一个库的模型（本库还没有自己的），或全局校准。"""
-    origin = profiles.model_origin(kb.id)
-    if origin == "own":
-        return "本库模型"
-    if origin == "global":
-        return "全局校准（本库与同模型的库都还没有学好的模型）"
     source = profiles.model_source(kb.id)
-    other = KnowledgeBase.objects.filter(id=source).values_list("name", flat=True).first() if source else None
+    if source is None:
+        return "全局校准（本库与同模型的库都还没有学好的模型）"
+    if source == kb.id:
+        return "本库模型"
+    other = KnowledgeBase.objects.filter(id=source).values_list("name", flat=True).first()
     return f"同模型知识库“{other}”的模型（本库还没有自己的）"
 
 

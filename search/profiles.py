@@ -31,9 +31,7 @@ ORIGINS = ("own", "borrowed", "global")
 class _Profile:
     models: dict[str, RelevanceModel]
     script: str
-    # ORIGINS 之一：本库自己的、同一 embedding 模型的另一个库的，或没有模型（全局校准）
-    origin: str = "global"
-    # 模型学自哪个知识库（own、borrowed 时）
+    # 模型学自哪个知识库：本库自己，或同一 embedding 模型的另一个库（默认模型）；没有模型时为 None
     source: uuid.UUID | None = None
 
 
@@ -76,7 +74,6 @@ def sampled_script(kb_id: uuid.UUID) -> str:
 
 def _load(kb_id: uuid.UUID) -> _Profile:
     profile = RelevanceProfile.objects.filter(knowledge_base_id=kb_id).first()
-    origin = "own"
     if profile is not None:
         script = profile.script
     else:
@@ -84,13 +81,12 @@ def _load(kb_id: uuid.UUID) -> _Profile:
         script = sampled_script(kb_id)
         kb = KnowledgeBase.objects.filter(id=kb_id).first()
         profile = model_default(kb) if kb is not None else None
-        origin = "borrowed"
     if profile is None:
         return _Profile({}, script)
     # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
     models = {mode: model for mode, data in profile.mode_models.items()
               if current(model := RelevanceModel.from_dict(data))}
-    return _Profile(models, script, origin, profile.knowledge_base_id)
+    return _Profile(models, script, profile.knowledge_base_id)
 
 
 def _profile(kb_id: uuid.UUID) -> _Profile:
@@ -114,8 +110,9 @@ def model_source(kb_id: uuid.UUID) -> uuid.UUID | None:
 
 
 def model_origin(kb_id: uuid.UUID) -> str:
-    """该知识库的分数用的模型从哪里来（:data:`ORIGINS` 之一）。"""
-    return _profile(kb_id).origin
+    """该知识库的分数用的模型从哪里来（:data:`ORIGINS` 之一），由模型学自哪个库推出。"""
+    source = model_source(kb_id)
+    return "global" if source is None else "own" if source == kb_id else "borrowed"
 
 
 def knowledge_base_script(kb_id: uuid.UUID) -> str:
