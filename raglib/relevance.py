@@ -47,8 +47,9 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
     # 是原文去字，字面重合多——在换了说法的真实问题上排序变差（docs/EVALUATION.md）；单调的校准不改名次，不会。
     "hybrid": ("calibrated",),
 }
-# 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）
-MODEL_REVISION = 1
+# 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
+# 2 = 混合方式的伪查询去掉更多的字（search.relevance.DROP_SHARES）
+MODEL_REVISION = 2
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
 FEATURE_SIGNS: dict[str, int] = {

@@ -58,8 +58,12 @@ DEFAULT_QUERIES = 300
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
 VALIDATION_SHARE = 0.2
-# 伪查询从原句里去掉的字（中文）或词（其他文字）的比例：越大越像换了说法的真实提问，全文一路越难直接命中
-DROP_SHARE = 0.35
+# 伪查询从原句里去掉的字（中文）或词（其他文字）的比例，按检索方式分：去得越多越像换了说法的真实提问，模型越肯接受
+# 字面重合少的结果。各方式的模型本来就各自拟合、互不依赖，所以各用各的比例。混合取 0.55（0.35 时 cmrc2018 混合
+# 0.5 处召回率只有 0.624，0.55 时 0.854；小库上 7 个里 5 个上升）。全文留 0.35：0.55 时 squad 全文召回率
+# 0.805 → 0.570（全文一路靠字面，题去字太多就学成“什么都不信”）。向量留 0.35：0.55 时开发集上精确率 / 召回率不升
+# （squad 召回率 0.821 → 0.776），小库上别的话题的问题第一名反而更高（均值最高 0.20 → 0.38）。docs/EVALUATION.md
+DROP_SHARES: dict[str, float] = {"vector": 0.35, "fulltext": 0.35, "hybrid": 0.55}
 # 每隔几条伪查询造一条“拿掉答案”的变体（见 raglib.relevance.without）：1 为每条都造。它们全是反例，
 # 造得越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）。每 2 条造一条时三个开发集上 0.5 处的
 # 召回率有的低于 0.6（cmrc2018 混合 0.595、squad 向量 0.465），每 3 条造一条时 0.618 / 0.548，无关问题第一名的均值
@@ -150,8 +154,9 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
 
 
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
-                  drop_share: float = DROP_SHARE) -> RelevanceProfile | None:
-    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。"""
+                  drop_shares: Mapping[str, float] = DROP_SHARES) -> RelevanceProfile | None:
+    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。
+    ``drop_shares`` 是每种方式的伪查询去字比例（缺的方式用 :data:`DROP_SHARES` 的）；同一比例的方式共用一批伪查询。"""
     stored = list(DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
                   .exclude(role="parent").order_by("id").values_list("id", "chunk_text", "document_id"))
     chunks = [(chunk_id, text) for chunk_id, text, _ in stored]
@@ -159,14 +164,17 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
-    made = pseudo_queries(chunks, queries, seed=seed, share=drop_share)
-    held = set(random.Random(seed).sample(range(len(made)), int(len(made) * VALIDATION_SHARE)))  # noqa: S311
-    train = [q for i, q in enumerate(made) if i not in held]
-    test = [q for i, q in enumerate(made) if i in held]
+    shares = {mode: drop_shares.get(mode, DROP_SHARES[mode]) for mode in MODE_FEATURES}
+    # 条数与比例无关（只看有多少可用的句子），留出的下标对每批伪查询都一样
+    made = {share: pseudo_queries(chunks, queries, seed=seed, share=share) for share in set(shares.values())}
+    count = len(next(iter(made.values())))
+    held = set(random.Random(seed).sample(range(count), int(count * VALIDATION_SHARE)))  # noqa: S311
     # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
     for mode in MODE_FEATURES:
+        train = [q for i, q in enumerate(made[shares[mode]]) if i not in held]
+        test = [q for i, q in enumerate(made[shares[mode]]) if i in held]
         fitted = _collect(kb, train, mode, documents)  # type: ignore[arg-type]
         rows, labels = fitted.flat()
         if not any(labels) or all(labels):
@@ -177,15 +185,16 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue
         mode_models[mode] = model.as_dict()
-        validation[mode] = _validation(model, _collect(kb, test, mode, documents))  # type: ignore[arg-type]
+        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents)),  # type: ignore[arg-type]
+                            "drop_share": shares[mode]}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
             "script": text_script(text for _, text in chunks),
-            "chunk_count": len(chunks), "queries": len(made), "seed": seed, "validation": validation,
+            "chunk_count": len(chunks), "queries": count, "seed": seed, "validation": validation,
         })
     profiles.forget(kb.id)
-    logger.info("relevance_fitted", knowledge_base_id=str(kb.id), queries=len(made), validation=validation)
+    logger.info("relevance_fitted", knowledge_base_id=str(kb.id), queries=count, validation=validation)
     return profile
 
 

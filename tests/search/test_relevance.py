@@ -23,6 +23,7 @@ from raglib.relevance import PseudoQuery, fit_model
 from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import (
+    DROP_SHARES,
     MIN_CHUNKS,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
@@ -128,6 +129,21 @@ def test_hybrid_model_is_not_used_when_it_would_reverse_the_order() -> None:
     assert fit_model("hybrid", rows, [v < 5 for v in range(20)]) is None
     monotone = fit_model("hybrid", rows, [v >= 15 for v in range(20)])
     assert monotone is not None and monotone.low == () and monotone.high == ()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True)
+def test_each_mode_learns_from_pseudo_queries_with_its_own_drop_share(library: KnowledgeBase) -> None:
+    default = relevance_fit(kb=library, queries=40, seed=0)
+    assert default is not None
+    assert {mode: values["drop_share"] for mode, values in default.validation.items()} == DROP_SHARES
+    # 只改向量方式的比例：另外两种方式的模型与自测一点不变（各方式的模型互不依赖）
+    changed = relevance_fit(kb=library, queries=40, seed=0, drop_shares={"vector": 0.8})
+    assert changed is not None and changed.validation["vector"]["drop_share"] == 0.8
+    assert changed.mode_models["vector"] != default.mode_models["vector"]
+    for mode in ("fulltext", "hybrid"):
+        assert changed.mode_models[mode] == default.mode_models[mode]
+        assert changed.validation[mode] == default.validation[mode]
 
 
 @pytest.mark.django_db(transaction=True)
