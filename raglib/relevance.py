@@ -5,8 +5,8 @@
 每个知识库有自己的分块，用它们造题自测，就能在不要任何标注的情况下学出“在这个库、这个模型上，什么样的证据
 意味着相关”。
 
-- 伪查询（:func:`pseudo_queries`）：从分块里抽一句话，随机去掉约三分之一的字（中文）或词（其他文字），
-  模仿“问题与原文部分重合”的真实提问；这句话原文出现在哪些分块里，哪些分块就是它的相关结果
+- 伪查询（:func:`pseudo_queries`）：从分块里抽一句话，随机去掉一部分字（中文）或词（其他文字），比例按句子的
+  文字分（:class:`DropShare`），模仿“问题与原文部分重合”的真实提问；这句话原文出现在哪些分块里，哪些分块就是它的相关结果
   （相邻分块的重叠部分也算，避免把真相关当成反例）。
 - 特征（:func:`candidate_features`）：余弦相似度、BM25 匹配程度（0~1）、各自相对本查询最好那条的差或比例、
   在两路里的名次（取对数）、查询在本库的覆盖率、两路是否都找到它。差值特征让概率跨查询可比：同样 0.85 的余弦，
@@ -48,7 +48,7 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
     "hybrid": ("calibrated",),
 }
 # 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
-# 2 = 混合方式的伪查询去掉更多的字（search.relevance.DROP_SHARES）
+# 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）
 MODEL_REVISION = 2
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
@@ -234,25 +234,43 @@ def _usable(sentence: str) -> bool:
     return 6 <= len(sentence.split()) <= 40
 
 
-def _drop(sentence: str, rng: random.Random, share: float) -> str:
-    """去掉约 ``share`` 的字（中文，连续的一小段一小段地去）或词（其他文字），保持原来的先后次序。"""
+@dataclass(frozen=True)
+class DropShare:
+    """伪查询从原句里去掉的比例，按句子的文字分：汉字句去字（``han``），其他文字的句子去词（``other``）。
+    两种文字分开定，是因为同样的比例对它们的意思不同：汉字一小段一小段地去，剩下的字仍连成不少原文的二元组；
+    英文去掉一半的词，剩下的几个词与原文的字面重合就很少了（见 ``search.relevance.DROP_SHARES``）。"""
+
+    han: float
+    other: float
+
+    @classmethod
+    def both(cls, share: float) -> DropShare:
+        return cls(share, share)
+
+
+# 两种文字都去掉约三分之一：向量与全文方式的做法（search.relevance.DROP_SHARES）
+DEFAULT_DROP_SHARE = DropShare.both(0.35)
+
+
+def _drop(sentence: str, rng: random.Random, share: DropShare) -> str:
+    """去掉约 ``share`` 的字（汉字句，连续的一小段一小段地去）或词（其他文字），保持原来的先后次序。"""
     if _is_han(sentence):
         chars = list(sentence)
         keep = [True] * len(chars)
-        while keep.count(False) < share * len(chars):
+        while keep.count(False) < share.han * len(chars):
             start = rng.randrange(len(chars))
             for i in range(start, min(start + rng.randint(1, 3), len(chars))):
                 keep[i] = False
         return "".join(char for char, kept in zip(chars, keep, strict=True) if kept)
     words = sentence.split()
-    kept_words = [word for word in words if rng.random() >= share]
+    kept_words = [word for word in words if rng.random() >= share.other]
     return " ".join(kept_words or words[:1])
 
 
 def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
-                   share: float = 0.35) -> list[PseudoQuery]:
-    """从分块里造 ``count`` 条伪查询（固定 ``seed`` 时结果确定）：每个被抽中的分块出一句话，去掉约 ``share``
-    的字或词。分块不到 ``count`` 个时（小知识库）再按同样的顺序一轮轮地从各分块里取还没出过题的句子，直到够数
+                   share: DropShare = DEFAULT_DROP_SHARE) -> list[PseudoQuery]:
+    """从分块里造 ``count`` 条伪查询（固定 ``seed`` 时结果确定）：每个被抽中的分块出一句话，按 ``share`` 去掉一部分
+    字或词。分块不到 ``count`` 个时（小知识库）再按同样的顺序一轮轮地从各分块里取还没出过题的句子，直到够数
     或句子用完——只出一轮时 20 个分块的库只有 20 条伪查询，留出两成后十几条，模型学不稳。可用的句子太少（分块都
     很短）时条数会少于 ``count``。分块够多的库只出一轮，与以前造出同样的题。"""
     rng = random.Random(seed)  # noqa: S311 - 造题要可复现，不涉及安全

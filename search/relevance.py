@@ -31,8 +31,10 @@ from infra.locks import advisory_lock
 from knowledge.models import KnowledgeBase
 from raglib.analysis import text_script
 from raglib.relevance import (
+    DEFAULT_DROP_SHARE,
     MODE_FEATURES,
     MODEL_REVISION,
+    DropShare,
     Evidence,
     PseudoQuery,
     RelevanceModel,
@@ -58,12 +60,16 @@ DEFAULT_QUERIES = 300
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
 VALIDATION_SHARE = 0.2
-# 伪查询从原句里去掉的字（中文）或词（其他文字）的比例，按检索方式分：去得越多越像换了说法的真实提问，模型越肯接受
-# 字面重合少的结果。各方式的模型本来就各自拟合、互不依赖，所以各用各的比例。混合取 0.55（0.35 时 cmrc2018 混合
-# 0.5 处召回率只有 0.624，0.55 时 0.854；小库上 7 个里 5 个上升）。全文留 0.35：0.55 时 squad 全文召回率
-# 0.805 → 0.570（全文一路靠字面，题去字太多就学成“什么都不信”）。向量留 0.35：0.55 时开发集上精确率 / 召回率不升
-# （squad 召回率 0.821 → 0.776），小库上别的话题的问题第一名反而更高（均值最高 0.20 → 0.38）。docs/EVALUATION.md
-DROP_SHARES: dict[str, float] = {"vector": 0.35, "fulltext": 0.35, "hybrid": 0.55}
+# 伪查询从原句里去掉的比例，按检索方式、按句子的文字分（``DropShare(汉字句去字, 其他文字去词)``）：
+# 去得越多越像换了说法的真实提问，模型越肯接受字面重合少的结果。各方式的模型各自拟合、互不依赖，各用各的比例。
+# - 混合方式的汉字句 0.55：0.35 时 cmrc2018 混合 0.5 处召回率 0.624 / 0.750 / 0.628（种子 0 / 1 / 2），
+#   0.55 时 0.854 / 0.862。英文句留 0.35：0.55 时 squad 混合召回率 0.904 / 0.815 → 0.654 / 0.374（英文去掉一半的词，
+#   剩下的与原文几乎不重合，模型学成只信字面重合很多的结果）。
+# - 全文留 0.35：0.55 时 squad 全文召回率 0.805 → 0.570。
+# - 向量留 0.35：0.55 时精确率 / 召回率不升（squad 召回率 0.821 → 0.776），小库上别的话题的问题第一名反而更高
+#   （均值最高 0.20 → 0.38）。docs/EVALUATION.md
+DROP_SHARES: dict[str, DropShare] = {"vector": DEFAULT_DROP_SHARE, "fulltext": DEFAULT_DROP_SHARE,
+                                     "hybrid": DropShare(han=0.55, other=DEFAULT_DROP_SHARE.other)}
 # 每隔几条伪查询造一条“拿掉答案”的变体（见 raglib.relevance.without）：1 为每条都造。它们全是反例，
 # 造得越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）。每 2 条造一条时三个开发集上 0.5 处的
 # 召回率有的低于 0.6（cmrc2018 混合 0.595、squad 向量 0.465），每 3 条造一条时 0.618 / 0.548，无关问题第一名的均值
@@ -154,7 +160,7 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
 
 
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
-                  drop_shares: Mapping[str, float] = DROP_SHARES) -> RelevanceProfile | None:
+                  drop_shares: Mapping[str, DropShare] = DROP_SHARES) -> RelevanceProfile | None:
     """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。
     ``drop_shares`` 是每种方式的伪查询去字比例（缺的方式用 :data:`DROP_SHARES` 的）；同一比例的方式共用一批伪查询。"""
     stored = list(DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
@@ -186,7 +192,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             continue
         mode_models[mode] = model.as_dict()
         validation[mode] = {**_validation(model, _collect(kb, test, mode, documents)),  # type: ignore[arg-type]
-                            "drop_share": shares[mode]}
+                            "drop_share_han": shares[mode].han, "drop_share_other": shares[mode].other}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,

@@ -13,6 +13,7 @@ from raglib.relevance import (
     FEATURE_SIGNS,
     MODE_FEATURES,
     MODEL_REVISION,
+    DropShare,
     Evidence,
     RelevanceModel,
     candidate_features,
@@ -48,6 +49,20 @@ def test_pseudo_queries_are_deterministic_and_drop_part_of_a_sentence() -> None:
             iterator = iter(query.sentence)
             assert all(char in iterator for char in query.text)
             assert 0.2 <= 1 - len(query.text) / len(query.sentence) <= 0.6
+
+
+def test_pseudo_queries_drop_by_the_script_of_each_sentence() -> None:
+    """汉字句按 ``han`` 去字，其他文字的句子按 ``other`` 去词：同一批分块里两种比例互不影响。"""
+    made = pseudo_queries(CHUNKS, 10, seed=7, share=DropShare(han=0.6, other=0.0))
+    english = [q for q in made if q.source == 3]
+    chinese = [q for q in made if q.source != 3]
+    assert english and chinese
+    assert all(q.text == q.sentence for q in english)  # 不去词
+    assert all(1 - len(q.text) / len(q.sentence) >= 0.55 for q in chinese)
+    # 反过来：汉字句不去字，英文句去掉大半的词
+    reverse = pseudo_queries(CHUNKS, 10, seed=7, share=DropShare(han=0.0, other=0.9))
+    assert all(q.text == q.sentence for q in reverse if q.source != 3)
+    assert all(len(q.text.split()) < len(q.sentence.split()) / 2 for q in reverse if q.source == 3)
 
 
 def test_small_knowledge_bases_get_more_than_one_pseudo_query_per_chunk() -> None:

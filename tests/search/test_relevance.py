@@ -19,7 +19,7 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
-from raglib.relevance import PseudoQuery, fit_model
+from raglib.relevance import DropShare, PseudoQuery, fit_model
 from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import (
@@ -136,10 +136,11 @@ def test_hybrid_model_is_not_used_when_it_would_reverse_the_order() -> None:
 def test_each_mode_learns_from_pseudo_queries_with_its_own_drop_share(library: KnowledgeBase) -> None:
     default = relevance_fit(kb=library, queries=40, seed=0)
     assert default is not None
-    assert {mode: values["drop_share"] for mode, values in default.validation.items()} == DROP_SHARES
+    assert {mode: DropShare(values["drop_share_han"], values["drop_share_other"])
+            for mode, values in default.validation.items()} == DROP_SHARES
     # 只改向量方式的比例：另外两种方式的模型与自测一点不变（各方式的模型互不依赖）
-    changed = relevance_fit(kb=library, queries=40, seed=0, drop_shares={"vector": 0.8})
-    assert changed is not None and changed.validation["vector"]["drop_share"] == 0.8
+    changed = relevance_fit(kb=library, queries=40, seed=0, drop_shares={"vector": DropShare.both(0.8)})
+    assert changed is not None and changed.validation["vector"]["drop_share_han"] == 0.8
     assert changed.mode_models["vector"] != default.mode_models["vector"]
     for mode in ("fulltext", "hybrid"):
         assert changed.mode_models[mode] == default.mode_models[mode]

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from knowledge.management.options import knowledge_base_option
 from knowledge.models import KnowledgeBase
+from raglib.relevance import DropShare
 from search.relevance import DEFAULT_QUERIES, DROP_SHARES, MIN_CHUNKS, relevance_fit
 
 
@@ -24,8 +25,9 @@ class Command(BaseCommand):
         parser.add_argument("--queries", type=int, default=DEFAULT_QUERIES, help="伪查询条数（默认 %(default)s）")
         parser.add_argument("--seed", type=int, default=0, help="随机种子（默认 0）")
         parser.add_argument("--drop-share", type=float,
-                            help="伪查询从原句里去掉的字或词的比例，各方式都用它（默认按方式：" +
-                                 "、".join(f"{mode} {share}" for mode, share in DROP_SHARES.items()) + "）")
+                            help="伪查询从原句里去掉的字或词的比例，各方式、各种文字都用它（默认按方式与文字，汉字句 / "
+                                 "其他：" + "，".join(f"{mode} {share.han} / {share.other}"
+                                                     for mode, share in DROP_SHARES.items()) + "）")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["queries"] < 10:
@@ -40,16 +42,17 @@ class Command(BaseCommand):
         for kb in kbs:
             started = time.monotonic()
             profile = relevance_fit(kb=kb, queries=options["queries"], seed=options["seed"],
-                                    drop_shares=DROP_SHARES if share is None else dict.fromkeys(DROP_SHARES, share))
+                                    drop_shares=DROP_SHARES if share is None
+                                    else dict.fromkeys(DROP_SHARES, DropShare.both(share)))
             if profile is None:
                 self.stdout.write(f"{kb.name}：可检索分块少于 {MIN_CHUNKS} 个，不拟合，沿用全局校准参数")
                 continue
             self.stdout.write(f"{kb.name}：{profile.queries} 条伪查询，用时 {time.monotonic() - started:.0f} s")
-            self.stdout.write("| 方式 | 去字比例 | 自测问题数 | MRR 模型 | MRR 原有 | 精确率@0.5 | 召回率@0.5 "
-                              "| 无答案时第一名（均值 / ≥0.5 的比例） |")
+            self.stdout.write("| 方式 | 去字比例（汉字句 / 其他） | 自测问题数 | MRR 模型 | MRR 原有 | 精确率@0.5 "
+                              "| 召回率@0.5 | 无答案时第一名（均值 / ≥0.5 的比例） |")
             self.stdout.write("|---|---|---|---|---|---|---|---|")
             for mode, v in profile.validation.items():
-                self.stdout.write(f"| {mode} | {v['drop_share']} | {v['queries']} | {v['mrr_model']:.3f} | "
-                                  f"{v['mrr_original']:.3f} | "
+                self.stdout.write(f"| {mode} | {v['drop_share_han']} / {v['drop_share_other']} | {v['queries']} | "
+                                  f"{v['mrr_model']:.3f} | {v['mrr_original']:.3f} | "
                                   f"{v['precision']:.3f} | {v['recall']:.3f} | "
                                   f"{v['absent_top1_mean']:.3f} / {v['absent_top1_over_half']:.3f} |")
