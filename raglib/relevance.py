@@ -6,8 +6,9 @@
 意味着相关”。
 
 - 伪查询（:func:`pseudo_queries`）：从分块里抽一句话，随机去掉一部分字（中文）或词（其他文字），比例按句子的
-  文字分（:class:`DropShare`），模仿“问题与原文部分重合”的真实提问；这句话原文出现在哪些分块里，哪些分块就是它的相关结果
-  （相邻分块的重叠部分也算，避免把真相关当成反例）。
+  文字分（:class:`DropShare`），模仿“问题与原文部分重合”的真实提问；这句话原文出现在哪些分块里，哪些分块就是它的
+  相关结果（相邻分块的重叠部分也算，避免把真相关当成反例）。去完剩下的太少的句子不出题（:data:`MIN_KEPT_HAN`），
+  别的文章里有几乎同一句的不用（:func:`ambiguous`：没有确定的答案）。
 - 特征（:func:`candidate_features`）：余弦相似度、BM25 匹配程度（0~1）、各自相对本查询最好那条的差或比例、
   在两路里的名次（取对数）、查询在本库的覆盖率、两路是否都找到它。差值特征让概率跨查询可比：同样 0.85 的余弦，
   在最好只有 0.86 的查询里和在最好有 0.95 的查询里意义不同。
@@ -21,10 +22,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +50,9 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
     "hybrid": ("calibrated",),
 }
 # 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
-# 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）
-MODEL_REVISION = 2
+# 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）；
+# 3 = 去完剩下的太少的句子不出题（MIN_KEPT_HAN），别的文章里有几乎同一句的不用（NEAR_COPY）
+MODEL_REVISION = 3
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
 FEATURE_SIGNS: dict[str, int] = {
@@ -209,6 +212,12 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[f
 _SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|\n+|(?<=[.!?])\s+")
 _HAN = re.compile(r"[\u3400-\u9fff]")
 _MARKUP = re.compile(r"^[#>*\-\s|]+")
+_LETTER = re.compile(r"[^\W\d_]")
+# 去字（词）之后至少还要剩这么多汉字（汉字句）或含字母的词（其他文字），否则这句不出题。“臀鳍鳍条119至156枚；”
+# 去掉一半的字剩下“1枚；”，库里几十条鱼的分块都同样匹配它，标签却只认出题的那一块：一个种子抽到几条这样的题，
+# 混合方式的校准斜率就从 1.5 掉到 0.6，cmrc2018 上 0.5 处的召回率从 0.85 掉到 0.15（docs/EVALUATION.md）
+MIN_KEPT_HAN = 6
+MIN_KEPT_WORDS = 3
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,47 @@ def _usable(sentence: str) -> bool:
     if _is_han(sentence):
         return 12 <= len(sentence) <= 120
     return 6 <= len(sentence.split()) <= 40
+
+
+# 别的文章里有一句与出题的原句足够像（汉字句比字二元组、其他文字比词，Jaccard）而又不是原样时，这条伪查询没有
+# 确定的答案，不用它（:func:`ambiguous`）：鱼类条目里“背鳍硬棘9枚、背鳍软条12枚、臀鳍硬棘3枚……”这样的句子几十篇
+# 文章各有一句，只差数字（字二元组 0.57，不相干的两句中文约 0）；问诊对话里“建议去医院检查一下”人人都说。只认出题的
+# 那一块时几十个同样好的结果都成了反例，一个种子抽到几条这样的题，混合方式的校准斜率就从 1.5 掉到 0.6。把它们都记
+# 成相关也不对：toyhom 上模型因此把字面重合当成相关，0.5 处的精确率掉到 0.14（docs/EVALUATION.md）。英文比词而不比
+# 字二元组：字二元组在不相干的英文句之间就有 0.2~0.4（squad 的 1,608 句里 0.5 以上 22 对，多是同话题的不同句子），
+# 比词时 0.5 以上 10 对，都是改了几个词的同一句话
+NEAR_COPY = 0.5
+_NOT_WORD = re.compile(r"[\W_]+")
+_WORD = re.compile(r"[^\W_]+")
+
+
+@functools.lru_cache(maxsize=8192)
+def _shingles(sentence: str) -> frozenset[str]:
+    if _is_han(sentence):
+        text = _NOT_WORD.sub("", sentence.lower())
+        return frozenset(text[i:i + 2] for i in range(len(text) - 1))
+    return frozenset(_WORD.findall(sentence.lower()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sentence_shingles(text: str) -> tuple[frozenset[str], ...]:
+    # 拟合时同一个分块会作为上百个伪查询的候选出现：切句与分词各算一次
+    return tuple(_shingles(sentence) for sentence in _sentences(text))
+
+
+def ambiguous(sentence: str, others: Iterable[str]) -> bool:
+    """别的文章的分块（``others``）里有一句与 ``sentence`` 几乎相同（:data:`NEAR_COPY`）又不是原样：用它出的伪查询
+    没有确定的答案。原样出现的（转载的同一篇文章）不算，含原句的分块本来就记为相关。"""
+    target = _shingles(sentence)
+    return any(sentence not in text and any(len(target & other) >= NEAR_COPY * len(target | other)
+                                            for other in _sentence_shingles(text)) for text in others)
+
+
+def _informative(text: str, sentence: str) -> bool:
+    """去字（词）后的伪查询还认得出是在问什么：见 :data:`MIN_KEPT_HAN`。"""
+    if _is_han(sentence):
+        return len(_HAN.findall(text)) >= MIN_KEPT_HAN
+    return sum(bool(_LETTER.search(word)) for word in text.split()) >= MIN_KEPT_WORDS
 
 
 @dataclass(frozen=True)
@@ -270,17 +320,18 @@ def _drop(sentence: str, rng: random.Random, share: DropShare) -> str:
 def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
                    share: DropShare = DEFAULT_DROP_SHARE) -> list[PseudoQuery]:
     """从分块里造 ``count`` 条伪查询（固定 ``seed`` 时结果确定）：每个被抽中的分块出一句话，按 ``share`` 去掉一部分
-    字或词。分块不到 ``count`` 个时（小知识库）再按同样的顺序一轮轮地从各分块里取还没出过题的句子，直到够数
-    或句子用完——只出一轮时 20 个分块的库只有 20 条伪查询，留出两成后十几条，模型学不稳。可用的句子太少（分块都
-    很短）时条数会少于 ``count``。分块够多的库只出一轮，与以前造出同样的题。"""
+    字或词；去完剩下的太少（:data:`MIN_KEPT_HAN`）的那句不出题。分块不到 ``count`` 个时（小知识库）再按同样的顺序
+    一轮轮地从各分块里取还没出过题的句子，直到够数或句子用完——只出一轮时 20 个分块的库只有 20 条伪查询，留出两成后
+    十几条，模型学不稳。可用的句子太少（分块都很短）时条数会少于 ``count``。"""
     rng = random.Random(seed)  # noqa: S311 - 造题要可复现，不涉及安全
     order = list(range(len(chunks)))
     rng.shuffle(order)
     queries: list[PseudoQuery] = []
     # 每个分块还没出过题的句子（第一次轮到它时才切句）
     unused: dict[int, list[str]] = {}
-    while len(queries) < count:
-        made = len(queries)
+    drawn = True
+    while len(queries) < count and drawn:
+        drawn = False
         for index in order:
             if len(queries) >= count:
                 break
@@ -290,10 +341,11 @@ def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
             sentences = unused[index]
             if not sentences:
                 continue
+            drawn = True
             sentence = sentences.pop(rng.randrange(len(sentences)))
-            queries.append(PseudoQuery(_drop(sentence, rng, share), chunk_id, sentence))
-        if len(queries) == made:
-            break
+            dropped = _drop(sentence, rng, share)
+            if _informative(dropped, sentence):
+                queries.append(PseudoQuery(dropped, chunk_id, sentence))
     return queries
 
 

@@ -38,6 +38,7 @@ from raglib.relevance import (
     Evidence,
     PseudoQuery,
     RelevanceModel,
+    ambiguous,
     candidate_features,
     fit_model,
     pseudo_queries,
@@ -117,6 +118,10 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
             continue
         # 恢复融合（或该路）原有的顺序：拟合用的特征与排序无关，自测要和原有排序比
         results = sorted(outcome.results, key=lambda r: (r.features or {}).get("fused_rank", 0.0))
+        # 别的文章里有几乎同一句（raglib.relevance.NEAR_COPY）：这条题没有确定的答案，不学也不自测
+        source_document = documents.get(query.source)
+        if ambiguous(query.sentence, (r.chunk.text for r in results if r.chunk.document_id != source_document)):
+            continue
         rows = [r.features or {} for r in results]
         labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents) for r in results]
         examples.queries.append((rows, labels))
@@ -172,16 +177,17 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         relevance_forget(kb=kb)
         return None
     shares = {mode: drop_shares.get(mode, DROP_SHARES[mode]) for mode in MODE_FEATURES}
-    # 条数与比例无关（只看有多少可用的句子），留出的下标对每批伪查询都一样
     made = {share: pseudo_queries(chunks, queries, seed=seed, share=share) for share in set(shares.values())}
-    count = len(next(iter(made.values())))
-    held = set(random.Random(seed).sample(range(count), int(count * VALIDATION_SHARE)))  # noqa: S311
+    # 每批各自留出两成：去得多的那批里去完太短、不出题的句子多，各批的条数可能不同（条数相同的批留出同样的下标）
+    held = {share: set(random.Random(seed).sample(range(len(batch)), int(len(batch) * VALIDATION_SHARE)))  # noqa: S311
+            for share, batch in made.items()}
+    count = max(len(batch) for batch in made.values())
     # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
     for mode in MODE_FEATURES:
-        train = [q for i, q in enumerate(made[shares[mode]]) if i not in held]
-        test = [q for i, q in enumerate(made[shares[mode]]) if i in held]
+        train = [q for i, q in enumerate(made[shares[mode]]) if i not in held[shares[mode]]]
+        test = [q for i, q in enumerate(made[shares[mode]]) if i in held[shares[mode]]]
         fitted = _collect(kb, train, mode, documents)  # type: ignore[arg-type]
         rows, labels = fitted.flat()
         if not any(labels) or all(labels):

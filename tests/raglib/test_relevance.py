@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from raglib.relevance import (
     DropShare,
     Evidence,
     RelevanceModel,
+    ambiguous,
     candidate_features,
     fit_logistic,
     fit_model,
@@ -63,6 +65,31 @@ def test_pseudo_queries_drop_by_the_script_of_each_sentence() -> None:
     reverse = pseudo_queries(CHUNKS, 10, seed=7, share=DropShare(han=0.0, other=0.9))
     assert all(q.text == q.sentence for q in reverse if q.source != 3)
     assert all(len(q.text.split()) < len(q.sentence.split()) / 2 for q in reverse if q.source == 3)
+
+
+def test_pseudo_queries_skip_sentences_the_drop_leaves_unrecognisable() -> None:
+    """去字（词）后剩下的太少（“1枚；”）的句子不出题：库里许多分块同样匹配它，标签却只认出题的那一块。
+    被跳过的句子不让后面的轮次提前结束：同一分块里还有可用的句子，照样出题。"""
+    chunks = [(0, "臀鳍鳍条119至156枚；背鳍硬棘8枚，软条9枚。Dorsal 8 9 10 11 rays. "
+                  "本鱼分布于西北太平洋，包括日本及台湾水域，栖息在水深零至两公尺的沿岸浅海。"),
+              (1, "背鳍硬棘3枚，软条10枚；臀鳍硬棘3枚、软条10枚。")]
+    made = pseudo_queries(chunks, 10, seed=0, share=DropShare(han=0.55, other=0.35))
+    assert [q.sentence for q in made] == ["本鱼分布于西北太平洋，包括日本及台湾水域，栖息在水深零至两公尺的沿岸浅海。"]
+    assert len(re.findall(r"[\u3400-\u9fff]", made[0].text)) >= 6
+    # 不去字时短句照样出题：门槛看的是去完剩下的，不是句子本身
+    assert len(pseudo_queries(chunks, 10, seed=0, share=DropShare(han=0.0, other=0.0))) == 5
+
+
+def test_a_sentence_with_near_copies_in_other_articles_is_ambiguous() -> None:
+    """别的文章里有几乎同一句（只差数字的鱼类条目、改了几个词的英文句）又不是原样：这条伪查询没有确定的答案。
+    原样出现（转载的同一篇）与话题相近的句子都不算。"""
+    fish = "背鳍硬棘9枚、背其软条11至13枚、臀鳍硬棘3枚、臀鳍软条11至13枚。"
+    assert ambiguous(fish, ["本鱼体延长。背鳍硬棘9枚、背鳍软条12枚、臀鳍硬棘3枚、臀鳍软条10枚。尾鳍叉形。"])
+    assert not ambiguous(fish, [f"本鱼体延长。{fish}尾鳍叉形。", "本鱼分布于西北太平洋。背鳍与臀鳍都很小。"])
+    english = "The interpreter runs bytecode produced by the compiler."
+    assert ambiguous(english, ["Intro. The interpreter executes bytecode produced by a compiler. More."])
+    assert not ambiguous(english, ["The university was founded by the order in the nineteenth century."])
+    assert not ambiguous(english, [])
 
 
 def test_small_knowledge_bases_get_more_than_one_pseudo_query_per_chunk() -> None:

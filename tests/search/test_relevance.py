@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import random
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,23 @@ from search.relevance import (
 from tests.factories import ingest_text
 
 TOPICS = ["月季", "兰花", "招标", "评标", "木星", "火星", "高血压", "糖尿病", "铁路", "航空"]
+# 每句话各有一段自己的细节：只有套话不同的句子在别的文章里都有“几乎同一句”，伪查询会被当成没有确定答案而不用
+DETAILS = "春夏秋冬东西南北江河湖海山川草木虫鱼鸟兽金银铜铁锡砖瓦石灰窗门桌椅床柜碗筷杯盘刀剪针线纸笔墨砚书画琴棋歌舞"
+
+
+def ingest_topics(client: Any, kb: KnowledgeBase) -> None:
+    """每个主题一篇六段话的文档。"""
+    for index, topic in enumerate(TOPICS):
+        details = ["".join(random.Random(index * 10 + i).sample(DETAILS, 16)) for i in range(6)]
+        body = "\n\n".join(f"{topic}第{i}种情况的处理方法：{detail}。" for i, detail in enumerate(details))
+        ingest_text(client, kb, f"{topic}.md", f"# {topic}\n\n{body}")
 
 
 @pytest.fixture
 def library(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> KnowledgeBase:
     """十个主题、每个主题一篇几段话的文档：分块足够多，伪查询能在全文一路区分出处。"""
     kb = kb_factory(chunking={"strategy": "token", "chunk_size": 48, "overlap": 0})
-    for index, topic in enumerate(TOPICS):
-        body = "\n\n".join(f"{topic}的第{i}条说明：{topic}在第{i}种情况下需要第{index * 10 + i}号处理方法，"
-                           f"并且要记录编号{index}{i}{i}。" for i in range(6))
-        ingest_text(client_rw, kb, f"{topic}.md", f"# {topic}\n\n{body}")
+    ingest_topics(client_rw, kb)
     return kb
 
 
@@ -132,7 +141,6 @@ def test_hybrid_model_is_not_used_when_it_would_reverse_the_order() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.django_db(transaction=True)
 def test_each_mode_learns_from_pseudo_queries_with_its_own_drop_share(library: KnowledgeBase) -> None:
     default = relevance_fit(kb=library, queries=40, seed=0)
     assert default is not None
@@ -193,17 +201,17 @@ def test_models_of_an_older_fitting_method_are_refitted_but_still_used(library: 
     assert profiles.relevance_model(library.id, "vector") is not None
 
 
-@pytest.mark.django_db(transaction=True)
-def test_other_chunks_of_the_source_document_count_as_partly_relevant(library: KnowledgeBase) -> None:
-    """伪查询的标签：含原句的分块 1，同一篇文档的其他分块 SAME_DOCUMENT_CREDIT，别的文档 0。"""
-    rows = list(DocumentChunk.objects.filter(knowledge_base=library).order_by("document_id", "chunk_index"))
-    source, sibling = rows[0], next(r for r in rows[1:] if r.document_id == rows[0].document_id)
-    stranger = next(r for r in rows if r.document_id != source.document_id)
-    sentence = source.chunk_text.splitlines()[-1]
-    documents = {r.id: r.document_id for r in rows}
-    query = PseudoQuery(sentence[:-3], source.id, sentence)
-    labels = [label_for(query, chunk.document_id, chunk.chunk_text, documents) for chunk in (source, sibling, stranger)]
-    assert labels == [1.0, SAME_DOCUMENT_CREDIT, 0.0]
+def test_other_chunks_of_the_source_document_count_as_partly_relevant() -> None:
+    """伪查询的标签：含原句的分块 1（出题的那块、与它重叠的、转载的），同一篇文档的其他分块 SAME_DOCUMENT_CREDIT，
+    别的文档 0。"""
+    source, other = uuid.uuid4(), uuid.uuid4()
+    sentence = "月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。"
+    documents = {1: source, 2: source, 3: other, 4: other}
+    texts = {1: f"月季的养护。{sentence}", 2: "兰花需要散射光和较高的空气湿度。", 3: "木星是太阳系最大的行星。",
+             4: f"转载：{sentence}"}
+    query = PseudoQuery(sentence[:-8], 1, sentence)
+    labels = [label_for(query, documents[i], texts[i], documents) for i in (1, 2, 3, 4)]
+    assert labels == [1.0, SAME_DOCUMENT_CREDIT, 0.0, 1.0]
 
 
 @pytest.mark.django_db
@@ -266,9 +274,7 @@ def test_knowledge_base_with_another_model_gets_its_own_calibration(client_rw: A
         kb = knowledge_base_create(principal=SYSTEM_PRINCIPAL, name="xlmr-kb",
                                    chunking={"strategy": "token", "chunk_size": 24, "overlap": 0})
         assert (kb.embedding_provider, kb.embedding_dimension) == ("flag", 384)
-        for index, topic in enumerate(TOPICS):
-            body = "\n\n".join(f"{topic}的第{i}条说明：第{i}种情况需要第{index * 10 + i}号处理方法。" for i in range(6))
-            ingest_text(client_rw, kb, f"{topic}.md", f"# {topic}\n\n{body}")
+        ingest_topics(client_rw, kb)
         profile = relevance_fit(kb=kb, queries=30, seed=0)
         assert profile is not None and profile.embedding_model == f"flag:{xlmr_384_model_dir}"
         assert set(profile.mode_models) == {"vector", "fulltext", "hybrid"}
