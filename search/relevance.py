@@ -58,6 +58,11 @@ MIN_CHUNKS = 5
 REFIT_CHANGE = 0.2
 REFIT_INTERVAL = timedelta(minutes=10)
 DEFAULT_QUERIES = 300
+# 每种方式的伪查询是 DEFAULT_QUERIES（或 --queries）的几倍。混合方式的模型只有斜率与截距（全局校准的对数几率之上），
+# 真实问题里许多相关结果的分数就在 0.5 上下，斜率差一点召回率就差很多：0.5 处的召回率在 10 个种子间，300 条时
+# cmrc2018 标准差 0.037（最低 0.79）、squad 0.045（最低 0.73），900 条时都是 0.014（最低 0.83）。拟合时间随之变长
+# （cmrc2018 约 20 → 55 s），只给最需要的混合方式（docs/EVALUATION.md）
+QUERY_FACTORS: dict[str, int] = {"vector": 1, "fulltext": 1, "hybrid": 3}
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
 VALIDATION_SHARE = 0.2
@@ -168,7 +173,9 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
                   drop_shares: Mapping[str, DropShare] = DROP_SHARES) -> RelevanceProfile | None:
     """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。
-    ``drop_shares`` 是每种方式的伪查询去字比例（缺的方式用 :data:`DROP_SHARES` 的）；同一比例的方式共用一批伪查询。"""
+    ``queries`` 是向量与全文方式的伪查询条数，每种方式是它的 :data:`QUERY_FACTORS` 倍（记下的 ``queries`` 是最多的
+    那批）；``drop_shares`` 是每种方式的伪查询去字比例（缺的方式用 :data:`DROP_SHARES` 的）；比例与条数都相同的方式
+    共用一批伪查询。"""
     stored = list(DocumentChunk.objects.filter(knowledge_base=kb, document__status=Document.Status.COMPLETED)
                   .exclude(role="parent").order_by("id").values_list("id", "chunk_text", "document_id"))
     chunks = [(chunk_id, text) for chunk_id, text, _ in stored]
@@ -176,18 +183,20 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
-    shares = {mode: drop_shares.get(mode, DROP_SHARES[mode]) for mode in MODE_FEATURES}
-    made = {share: pseudo_queries(chunks, queries, seed=seed, share=share) for share in set(shares.values())}
-    # 每批各自留出两成：去得多的那批里去完太短、不出题的句子多，各批的条数可能不同（条数相同的批留出同样的下标）
-    held = {share: set(random.Random(seed).sample(range(len(batch)), int(len(batch) * VALIDATION_SHARE)))  # noqa: S311
-            for share, batch in made.items()}
+    plans = {mode: (drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode]) for mode in MODE_FEATURES}
+    # 比例与条数都相同的方式共用一批伪查询。每批各自留出两成：各批条数不同（混合方式的大三倍；去得多的那批里去完太短、
+    # 不出题的句子多），条数相同的批留出同样的下标
+    made = {plan: pseudo_queries(chunks, plan[1], seed=seed, share=plan[0]) for plan in set(plans.values())}
+    held = {plan: set(random.Random(seed).sample(range(len(batch)), int(len(batch) * VALIDATION_SHARE)))  # noqa: S311
+            for plan, batch in made.items()}
     count = max(len(batch) for batch in made.values())
     # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
     for mode in MODE_FEATURES:
-        train = [q for i, q in enumerate(made[shares[mode]]) if i not in held[shares[mode]]]
-        test = [q for i, q in enumerate(made[shares[mode]]) if i in held[shares[mode]]]
+        plan = plans[mode]
+        train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
+        test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
         fitted = _collect(kb, train, mode, documents)  # type: ignore[arg-type]
         rows, labels = fitted.flat()
         if not any(labels) or all(labels):
@@ -199,7 +208,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             continue
         mode_models[mode] = model.as_dict()
         validation[mode] = {**_validation(model, _collect(kb, test, mode, documents)),  # type: ignore[arg-type]
-                            "drop_share_han": shares[mode].han, "drop_share_other": shares[mode].other}
+                            "drop_share_han": plan[0].han, "drop_share_other": plan[0].other}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
