@@ -99,16 +99,22 @@ def _log_rank(rank: int | None, depth: int) -> float:
 
 
 def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth: int, gate: float = 1.0,
-                       calibration: Calibration | None = None) -> list[dict[str, float]]:
+                       calibration: Calibration | None = None,
+                       path_similarities: Sequence[float] = ()) -> list[dict[str, float]]:
     """一次检索的全部候选 → 每个候选的特征（:data:`MODE_FEATURES` 里的名字）。差值特征相对本次检索最好的那条。
 
     ``gate`` 是全文一路的可信程度（覆盖率闸门，见 :func:`raglib.fusion.lexical_gate`）：两个匹配特征都乘上它。
     伪查询的覆盖率都很高（闸门为 1），模型没见过“查询的词在库里大多没有”的情形；另一种语言的问题只匹配上零星的
     数字、人名时，乘上闸门才不会把这种匹配当成证据。``calibration`` 给出时另算 ``calibrated``（混合方式的全局校准
-    对数几率，用的是乘过闸门的匹配程度）。"""
-    best_similarity = max((c.similarity for c in candidates if c.similarity is not None), default=0.0)
+    对数几率，用的是乘过闸门的匹配程度）。
+
+    ``path_similarities`` 是向量一路取回的全部相似度（不只是进了候选的）：第 :data:`LIFT_RANK` 名的参照从它们里取。
+    只看候选时，top_k=1 的检索只有 3 个候选，参照成了第 3 名，同一条结果的分数随 top_k 变（英文问题问中文库，
+    第一名的均值 top_k=10 时 0.33、top_k=1 时 0.13）。"""
+    own = [c.similarity for c in candidates if c.similarity is not None]
+    similarities = sorted(path_similarities or own, reverse=True)
+    best_similarity = max([*similarities[:1], *own], default=0.0)
     best_match = max((c.match for c in candidates if c.match is not None), default=0.0)
-    similarities = sorted((c.similarity for c in candidates if c.similarity is not None), reverse=True)
     reference = similarities[min(LIFT_RANK, len(similarities)) - 1] if similarities else 0.0
     rows = []
     for c in candidates:

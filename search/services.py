@@ -37,7 +37,7 @@ from raglib.fusion import (
     similarity_from_distance,
 )
 from raglib.providers.rerank import RerankUnavailable
-from raglib.relevance import Evidence, candidate_features
+from raglib.relevance import LIFT_RANK, Evidence, candidate_features
 from raglib.retrieval_profile import FusionParameters, RetrievalProfile
 from raglib.scoring import (
     fulltext_score,
@@ -181,6 +181,9 @@ def path_depth(top_k: int, mode: Mode) -> int:
     单路检索只用前“候选数”个（对外分数也只看每条结果自己的值），多取的部分白白花数据库时间：50k 分块的库走自己的
     halfvec 索引时，取 50 个（过采样 200、ef_search 400）约 14 ms，取 15 个约 6 ms（``bench/README.md``）。
     """
+    if mode == "vector":
+        # 向量方式的 similarity_lift 以第 LIFT_RANK 名为参照：top_k 再小也取够这么多，分数才不随 top_k 变
+        return max(candidate_count(top_k), LIFT_RANK)
     if mode != "hybrid":
         return candidate_count(top_k)
     return max(candidate_count(top_k), min(settings.FUSION_DEPTH, settings.MAX_RERANK_CANDIDATES))
@@ -377,8 +380,11 @@ def _score(kb: KnowledgeBase, profile: RetrievalProfile, candidates: list[Search
     # 候选此时还是融合顺序，名次即 RRF 名次
     evidence = [Evidence(c.vector_similarity, c.fulltext_unit, c.vector_rank, c.fulltext_rank, rank)
                 for rank, c in enumerate(candidates, start=1)]
+    vector = paths.get("vector")
     rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage, profile.fusion),
-                              calibration=profile.calibration)
+                              calibration=profile.calibration,
+                              path_similarities=[similarity_from_distance(hit.value) for hit in vector.hits]
+                              if vector is not None else ())
     for candidate, row in zip(candidates, rows, strict=True):
         candidate.features = row
     mode = "hybrid" if len(paths) > 1 else next(iter(paths))

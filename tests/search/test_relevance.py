@@ -132,6 +132,24 @@ def test_hybrid_model_rescales_scores_without_changing_the_order(library: Knowle
     assert [r.score for r in after] == sorted((r.score for r in after), reverse=True)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_result_scores_the_same_whatever_top_k_asks_for(library: KnowledgeBase) -> None:
+    """分数只看结果自己的证据，不随 top_k 变：向量方式的 similarity_lift 以第 10 名为参照，top_k=1 时也取够 10 个
+    （以前只看 3 个候选，参照成了第 3 名，英文问题问中文库时第一名的分数 top_k=1 比 top_k=10 低一半多）。"""
+    relevance_fit(kb=library, queries=40, seed=0)
+    for mode in ("vector", "fulltext", "hybrid"):
+        first, *_ = services.search(library, services.SearchRequest(query="木星 第3种情况", top_k=1, mode=mode,
+                                                                    rerank=False)).results
+        more = services.search(library, services.SearchRequest(query="木星 第3种情况", top_k=10, mode=mode,
+                                                               rerank=False)).results
+        # 混合方式的候选集合随 top_k 变（融合先选候选、再按各自的分数排），同一条结果的分数不变
+        same = next(r for r in more if r.chunk.chunk_id == first.chunk.chunk_id)
+        model = profiles.relevance_model(library.id, mode)
+        assert model is not None and first.learned and first.features is not None and same.features is not None
+        assert [first.features[name] for name in model.features] == [same.features[name] for name in model.features]
+        assert first.score == same.score
+
+
 def test_hybrid_model_is_not_used_when_it_would_reverse_the_order() -> None:
     """拟合出非正的权重（证据越强越不相关）时不要这个模型：回到全局校准，而不是把排序倒过来。"""
     rows = [{"calibrated": float(v)} for v in range(20)]
