@@ -51,8 +51,9 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
 }
 # 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
 # 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）；
-# 3 = 去完剩下的太少的句子不出题（MIN_KEPT_HAN），别的文章里有几乎同一句的不用（NEAR_COPY）
-MODEL_REVISION = 3
+# 3 = 去完剩下的太少的句子不出题（MIN_KEPT_HAN），别的文章里有几乎同一句的不用（NEAR_COPY）；
+# 4 = 向量方式每条伪查询都造拿掉答案的变体、每条算 3 条（search.relevance.ABSENT）
+MODEL_REVISION = 4
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
 FEATURE_SIGNS: dict[str, int] = {
@@ -63,17 +64,19 @@ FEATURE_SIGNS: dict[str, int] = {
 MONOTONE_MODES = frozenset({"hybrid"})
 
 
-def fit_logistic(features: np.ndarray, labels: np.ndarray, *, l2: float = 1e-3,
-                 iterations: int = 50) -> tuple[np.ndarray, float]:
-    """返回 (权重, 截距)，使 sigmoid(features @ 权重 + 截距) 逼近 labels。牛顿法（IRLS），截距不加正则。"""
+def fit_logistic(features: np.ndarray, labels: np.ndarray, *, l2: float = 1e-3, iterations: int = 50,
+                 weights: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """返回 (权重, 截距)，使 sigmoid(features @ 权重 + 截距) 逼近 labels（``weights`` 是每个样本算几个，默认都是 1）。
+    牛顿法（IRLS），截距不加正则。"""
     x = np.hstack([features, np.ones((len(features), 1))])
+    sample = np.ones(len(x)) if weights is None else weights
     w = np.zeros(x.shape[1])
     penalty = np.full(len(w), l2)
     penalty[-1] = 0.0
     for _ in range(iterations):
         p = 1 / (1 + np.exp(-np.clip(x @ w, -30, 30)))
-        gradient = x.T @ (p - labels) + penalty * w
-        hessian = (x * (p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(len(w))
+        gradient = x.T @ (sample * (p - labels)) + penalty * w
+        hessian = (x * (sample * p * (1 - p))[:, None]).T @ x + np.diag(penalty) + 1e-9 * np.eye(len(w))
         step = np.linalg.solve(hessian, gradient)
         w -= step
         if np.abs(step).max() < 1e-8:
@@ -177,8 +180,10 @@ class RelevanceModel:
                    tuple(float(v) for v in data.get("high", ())), int(data.get("revision", 0)))
 
 
-def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[float]) -> RelevanceModel | None:
-    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型；特征先按训练集标准化（常数特征的尺度记为 1）。
+def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[float],
+              sample_weights: Sequence[float] | None = None) -> RelevanceModel | None:
+    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型（``sample_weights``：每个样本算几个）；特征先按训练集标准化
+    （常数特征的尺度记为 1）。
 
     权重的符号受约束（:data:`FEATURE_SIGNS`）：证据变强时概率不降。拟合出反向权重的特征去掉后重拟合，
     直到全部同向——反向的权重是模型借别的特征的组合去猜标签里特征之外的东西（例如“与出处同一篇文档”），
@@ -187,16 +192,17 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[f
     names = MODE_FEATURES[mode]
     x = np.array([[row[name] for name in names] for row in rows], dtype=float)
     y = np.array(labels, dtype=float)
+    sample = None if sample_weights is None else np.array(sample_weights, dtype=float)
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
     scale[scale < 1e-9] = 1.0
     used = [i for i in range(len(names)) if x[:, i].std() > 1e-9]
     weights = np.zeros(len(names))
     # 一个特征都不剩时只有截距：训练集平均相关程度的对数几率
-    share = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
+    share = float(np.clip(np.average(y, weights=sample), 1e-6, 1 - 1e-6))
     bias = math.log(share / (1 - share))
     while used:
-        fitted, fitted_bias = fit_logistic((x[:, used] - mean[used]) / scale[used], y, l2=L2)
+        fitted, fitted_bias = fit_logistic((x[:, used] - mean[used]) / scale[used], y, l2=L2, weights=sample)
         signed = fitted * np.array([FEATURE_SIGNS[names[i]] for i in used])
         if signed.min() >= 0:
             weights[used] = fitted

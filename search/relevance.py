@@ -77,11 +77,13 @@ VALIDATION_SHARE = 0.2
 #   （均值最高 0.20 → 0.38）。docs/EVALUATION.md
 DROP_SHARES: dict[str, DropShare] = {"vector": DEFAULT_DROP_SHARE, "fulltext": DEFAULT_DROP_SHARE,
                                      "hybrid": DropShare(han=0.55, other=DEFAULT_DROP_SHARE.other)}
-# 每隔几条伪查询造一条“拿掉答案”的变体（见 raglib.relevance.without）：1 为每条都造。它们全是反例，
-# 造得越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）。每 2 条造一条时三个开发集上 0.5 处的
-# 召回率有的低于 0.6（cmrc2018 混合 0.595、squad 向量 0.465），每 3 条造一条时 0.618 / 0.548，无关问题第一名的均值
-# 仍 ≤ 0.18（docs/EVALUATION.md）
-ABSENT_EVERY = 3
+# “拿掉答案”的变体（见 raglib.relevance.without）：每种方式每隔几条伪查询造一条、每条在拟合里算几条。它们全是
+# 反例，越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）；变体由同一次检索的候选算出，不多花检索。
+# - 全文与混合每 3 条造一条：每 2 条造一条时 cmrc2018 混合 0.5 处的召回率 0.595（当时）。
+# - 向量每条都造、每条算 3 条：每 3 条造一条时，别的话题、别的语言的问题在中文库上的第一名均值 0.23、0.31（上限 0.2）
+#   ——伪查询四分之三有答案，模型学到“第一名、比第 10 名高一点”就有约四分之一相关。每条算 3 条时 0.13 / 0.07，
+#   cmrc2018、squad 0.5 处的召回率 0.95 → 0.88、0.82 → 0.72，精确率不降（docs/EVALUATION.md）
+ABSENT: dict[str, tuple[int, float]] = {"vector": (1, 3.0), "fulltext": (3, 1.0), "hybrid": (3, 1.0)}
 # 与出题分块同一篇文档的其他分块算“部分相关”，标签取这个值（含原句的分块为 1，其他文档的为 0）。评测与真实使用
 # 都按文档判相关：长文里对的文章中不含原句的那段，对提问者也有用。只按原句判时向量方式的分数过于保守（squad 上
 # 0.5 处召回率 0.548）；记 1 时模型把同文档都当答案（精确率 0.34），0.5 时混合方式的精确率 0.788，0.3 时三种方式
@@ -97,11 +99,14 @@ class _Examples:
     queries: list[tuple[list[dict[str, float]], list[float]]] = field(default_factory=list)
     absent: list[list[dict[str, float]]] = field(default_factory=list)
 
-    def flat(self) -> tuple[list[dict[str, float]], list[float]]:
+    def flat(self, absent_weight: float = 1.0) -> tuple[list[dict[str, float]], list[float], list[float]]:
+        """(特征行, 相关程度, 样本权重)：拿掉答案的变体每行算 ``absent_weight`` 行。"""
         rows = [row for query_rows, _ in self.queries for row in query_rows]
         labels = [label for _, query_labels in self.queries for label in query_labels]
+        weights = [1.0] * len(rows)
         rows += [row for query_rows in self.absent for row in query_rows]
-        return rows, labels + [0.0] * (len(rows) - len(labels))
+        weights += [absent_weight] * (len(rows) - len(weights))
+        return rows, labels + [0.0] * (len(rows) - len(labels)), weights
 
 
 def label_for(query: PseudoQuery, document_id: uuid.UUID, text: str, documents: Mapping[int, uuid.UUID]) -> float:
@@ -131,7 +136,7 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
         labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents) for r in results]
         examples.queries.append((rows, labels))
         found = [label > 0 for label in labels]
-        if index % ABSENT_EVERY == 0 and any(found) and not all(found):
+        if index % ABSENT[mode][0] == 0 and any(found) and not all(found):
             evidence = [Evidence(r.vector_similarity, r.fulltext_unit, r.vector_rank, r.fulltext_rank, rank)
                         for rank, r in enumerate(results, start=1)]
             coverage = rows[0].get("coverage", 0.0)
@@ -198,11 +203,11 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
         test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
         fitted = _collect(kb, train, mode, documents)  # type: ignore[arg-type]
-        rows, labels = fitted.flat()
+        rows, labels, weights = fitted.flat(ABSENT[mode][1])
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
-        model = fit_model(mode, rows, labels)
+        model = fit_model(mode, rows, labels, weights)
         if model is None:
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue

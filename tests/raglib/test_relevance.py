@@ -103,6 +103,18 @@ def test_small_knowledge_bases_get_more_than_one_pseudo_query_per_chunk() -> Non
     assert sorted(q.source for q in pseudo_queries(chunks, 3, seed=0)) == [0, 1, 2]
 
 
+def test_a_sample_weight_counts_a_row_as_that_many_rows() -> None:
+    """拿掉答案的变体在拟合里算几条（search.relevance.ABSENT）：权重 3 与把那些行重复三遍拟合出同一个模型。"""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 2))
+    y = (x[:, 0] + rng.normal(size=60) > 0).astype(float)
+    negatives = x[y == 0]
+    weighted = fit_logistic(x, y, weights=np.where(y == 0, 3.0, 1.0), l2=1.0)
+    repeated = fit_logistic(np.vstack([x, negatives, negatives]), np.concatenate([y, np.zeros(2 * len(negatives))]),
+                            l2=1.0)
+    assert np.allclose(weighted[0], repeated[0]) and weighted[1] == pytest.approx(repeated[1])
+
+
 def test_candidate_features_are_relative_to_the_best_candidate() -> None:
     calibration = Calibration(0.8, 0.05, 0.5, 0.1, 10.0, 4.0, -9.0)
     rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50,
