@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import NamedTuple
 
 import numpy as np
 import structlog
@@ -61,7 +62,7 @@ DEFAULT_QUERIES = 300
 # 每种方式的伪查询是 DEFAULT_QUERIES（或 --queries）的几倍。混合方式的模型只有斜率与截距（全局校准的对数几率之上），
 # 真实问题里许多相关结果的分数就在 0.5 上下，斜率差一点召回率就差很多：0.5 处的召回率在 10 个种子间，300 条时
 # cmrc2018 标准差 0.037（最低 0.79）、squad 0.045（最低 0.73），900 条时都是 0.014（最低 0.83）。拟合时间随之变长
-# （cmrc2018 约 20 → 55 s），只给最需要的混合方式（docs/EVALUATION.md）
+# （cmrc2018 约 20 → 75~90 s），只给最需要的混合方式（docs/EVALUATION.md）
 QUERY_FACTORS: dict[str, int] = {"vector": 1, "fulltext": 1, "hybrid": 3}
 # 每个伪查询取前 100 个候选（= 候选数上限）：拿到融合选出的全部候选，特征与排序无关
 FIT_TOP_K = 100
@@ -81,14 +82,30 @@ DROP_SHARES: dict[str, DropShare] = {"vector": DEFAULT_DROP_SHARE, "fulltext": D
 # 反例，越多模型越保守（无答案时第一名的分数越低，有答案时的召回率也越低）；变体由同一次检索的候选算出，不多花检索。
 # - 全文与混合每 3 条造一条：每 2 条造一条时 cmrc2018 混合 0.5 处的召回率 0.595（当时）。
 # - 向量每条都造、每条算 3 条：每 3 条造一条时，别的话题、别的语言的问题在中文库上的第一名均值 0.23、0.31（上限 0.2）
-#   ——伪查询四分之三有答案，模型学到“第一名、比第 10 名高一点”就有约四分之一相关。每条算 3 条时 0.13 / 0.07，
-#   cmrc2018、squad 0.5 处的召回率 0.95 → 0.88、0.82 → 0.72，精确率不降（docs/EVALUATION.md）
-ABSENT: dict[str, tuple[int, float]] = {"vector": (1, 3.0), "fulltext": (3, 1.0), "hybrid": (3, 1.0)}
+#   ——伪查询四分之三有答案，模型学到“第一名、比第 10 名高一点”就有约四分之一相关。每条算 3 条时 0.12 / 0.07，
+#   cmrc2018、squad 0.5 处的召回率 0.915 → 0.836、0.818 → 0.717，精确率不降（docs/EVALUATION.md）
+
+
+class Absent(NamedTuple):
+    """一种方式的“拿掉答案”变体：每 ``every`` 条伪查询造一条，每条在拟合里算 ``weight`` 条。"""
+
+    every: int
+    weight: float
+
+
+ABSENT: dict[str, Absent] = {"vector": Absent(1, 3.0), "fulltext": Absent(3, 1.0), "hybrid": Absent(3, 1.0)}
 # 与出题分块同一篇文档的其他分块算“部分相关”，标签取这个值（含原句的分块为 1，其他文档的为 0）。评测与真实使用
 # 都按文档判相关：长文里对的文章中不含原句的那段，对提问者也有用。只按原句判时向量方式的分数过于保守（squad 上
 # 0.5 处召回率 0.548）；记 1 时模型把同文档都当答案（精确率 0.34），0.5 时混合方式的精确率 0.788，0.3 时三种方式
 # 都在 0.8 / 0.6 以上，cmrc2018、toyhom 不变（docs/EVALUATION.md）
 SAME_DOCUMENT_CREDIT = 0.3
+
+
+class _Batch(NamedTuple):
+    """一批伪查询的做法：去字比例与条数。"""
+
+    share: DropShare
+    size: int
 
 
 @dataclass
@@ -136,7 +153,7 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
         labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents) for r in results]
         examples.queries.append((rows, labels))
         found = [label > 0 for label in labels]
-        if index % ABSENT[mode][0] == 0 and any(found) and not all(found):
+        if index % ABSENT[mode].every == 0 and any(found) and not all(found):
             evidence = [Evidence(r.vector_similarity, r.fulltext_unit, r.vector_rank, r.fulltext_rank, rank)
                         for rank, r in enumerate(results, start=1)]
             coverage = rows[0].get("coverage", 0.0)
@@ -188,10 +205,11 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
-    plans = {mode: (drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode]) for mode in MODE_FEATURES}
+    plans = {mode: _Batch(drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode])
+             for mode in MODE_FEATURES}
     # 比例与条数都相同的方式共用一批伪查询。每批各自留出两成：各批条数不同（混合方式的大三倍；去得多的那批里去完太短、
     # 不出题的句子多），条数相同的批留出同样的下标
-    made = {plan: pseudo_queries(chunks, plan[1], seed=seed, share=plan[0]) for plan in set(plans.values())}
+    made = {plan: pseudo_queries(chunks, plan.size, seed=seed, share=plan.share) for plan in set(plans.values())}
     held = {plan: set(random.Random(seed).sample(range(len(batch)), int(len(batch) * VALIDATION_SHARE)))  # noqa: S311
             for plan, batch in made.items()}
     count = max(len(batch) for batch in made.values())
@@ -203,7 +221,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
         test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
         fitted = _collect(kb, train, mode, documents)  # type: ignore[arg-type]
-        rows, labels, weights = fitted.flat(ABSENT[mode][1])
+        rows, labels, weights = fitted.flat(ABSENT[mode].weight)
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
@@ -213,7 +231,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             continue
         mode_models[mode] = model.as_dict()
         validation[mode] = {**_validation(model, _collect(kb, test, mode, documents)),  # type: ignore[arg-type]
-                            "drop_share_han": plan[0].han, "drop_share_other": plan[0].other}
+                            "drop_share_han": plan.share.han, "drop_share_other": plan.share.other}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
