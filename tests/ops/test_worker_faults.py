@@ -382,3 +382,15 @@ def test_stop_groups_kills_grandchildren_that_ignore_sigterm(tmp_path):
     assert not group_alive(leader.pid)  # 忽略 SIGTERM 的孙进程也没了（至多剩下等人收尸的僵尸）
     with contextlib.suppress(psutil.NoSuchProcess):
         assert psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_group_alive_skips_a_process_that_exits_while_it_is_listed(monkeypatch):
+    """列举进程之后、读 pgid 之前退出的进程：os.getpgid 抛 ProcessLookupError，group_alive 跳过它而不是抛出
+    （CI 上 stop_groups 因此失败过一次）。"""
+    from ops.management.commands import serve
+
+    def gone(pid: int) -> int:
+        raise ProcessLookupError(pid)
+
+    monkeypatch.setattr(serve.os, "getpgid", gone)
+    assert serve.group_alive(1) is False

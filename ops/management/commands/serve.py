@@ -174,9 +174,13 @@ def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def group_alive(pgid: int) -> bool:
-    """进程组里还有活着的进程吗？僵尸不算：容器里 PID 1 不收尸时，它们会一直留在组里。"""
+    """进程组里还有活着的进程吗？僵尸不算：容器里 PID 1 不收尸时，它们会一直留在组里。
+
+    列举进程与读 pgid 之间进程可能刚好退出：``os.getpgid`` 抛 ProcessLookupError（不是 psutil.Error），
+    那个进程已经不在了，跳过即可。
+    """
     for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
             if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
                 return True
     return False
