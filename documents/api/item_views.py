@@ -31,7 +31,7 @@ from documents.api.item_serializers import (
 from documents.domains import domain_sync
 from documents.items import ItemResult
 from documents.models import KnowledgeDomain
-from infra.api import error_responses, page_response
+from infra.api import error_responses, page_response, query_values
 from infra.errors import ApplicationError, ErrorCode, ErrorDetail, validation_error
 from infra.principal import request_principal
 from knowledge.selectors import usable_knowledge_base
@@ -81,7 +81,7 @@ class ItemListView(APIView):
     )
     def get(self, request: Request, kb_id: str) -> Response:
         kb = usable_knowledge_base(principal=request_principal(request), kb_id=kb_id, write=False)
-        query = ItemListQuerySerializer(data=request.query_params.dict())
+        query = ItemListQuerySerializer(data=query_values(request.query_params))
         query.is_valid(raise_exception=True)
         params = query.validated_data
         items, total = selectors.item_list(kb=kb, filters=query.filters(), page=params["page"],

@@ -19,7 +19,7 @@ from documents.api.serializers import (
     DocumentUploadSerializer,
 )
 from documents.uploads import payload_too_large
-from infra.api import MULTIPART_SLACK, error_responses, page_response
+from infra.api import MULTIPART_SLACK, error_responses, page_response, query_values
 from infra.principal import request_principal
 
 
@@ -60,7 +60,7 @@ class KnowledgeBaseDocumentsView(APIView):
         responses={200: page_response(DocumentSerializer, "DocumentPage"), **error_responses(403, 404)},
     )
     def get(self, request: Request, kb_id: str) -> Response:
-        query = DocumentListQuerySerializer(data=request.query_params.dict())
+        query = DocumentListQuerySerializer(data=query_values(request.query_params))
         query.is_valid(raise_exception=True)
         params = query.validated_data
         _, items, total = selectors.document_list(

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from infra.api import error_responses, page_response
+from infra.api import error_responses, page_response, query_values
 from infra.principal import request_principal
 from knowledge import selectors, services
 from knowledge.api.serializers import (
@@ -29,7 +29,7 @@ class KnowledgeBaseListView(APIView):
         responses={200: page_response(KnowledgeBaseSerializer, "KnowledgeBasePage"), **error_responses()},
     )
     def get(self, request: Request) -> Response:
-        query = KnowledgeBaseListQuerySerializer(data=request.query_params.dict())
+        query = KnowledgeBaseListQuerySerializer(data=query_values(request.query_params))
         query.is_valid(raise_exception=True)
         params = query.validated_data
         items, total = selectors.knowledge_base_list(
