@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from raglib.lexicon import (
     DICTIONARY_BLOCK_BYTES,
     INLINE_MAX_BYTES,
+    PACKED,
     DictionaryBlock,
     Entry,
     build_segment,
@@ -18,6 +19,7 @@ from raglib.lexicon import (
     encode_dictionary,
     prefix_dfs,
     read_segment,
+    unpack_dictionary_block,
 )
 from raglib.postings import BLOCK_SIZE, Postings
 
@@ -104,6 +106,33 @@ def _greedy_cut(entries: list[Entry]) -> list[int]:
         sizes[-1] += 1
         size += cost
     return sizes
+
+
+def test_stored_dictionary_blocks_are_compressed_and_old_plain_blocks_still_read() -> None:
+    # 典型的词典：汉字 bigram、多数 df 为 1、罕见词的短倒排内联
+    entries = [Entry(chr(0x4E00 + i // 40) + chr(0x4E00 + i % 40 * 7), 1 + i % 3, bytes([i % 5 + 1, 0, 1]))
+               for i in range(600)]
+    blocks = encode_dictionary(entries)
+    assert len(blocks) > 1
+    for _, stored in blocks:
+        assert stored[0] == PACKED
+        plain = unpack_dictionary_block(stored)
+        assert len(stored) < 0.7 * len(plain)
+        # 压缩之前写下的块（未压缩）照样能读，读出的与压缩块相同
+        assert unpack_dictionary_block(plain) == plain
+        assert decode_dictionary_block(plain) == decode_dictionary_block(stored)
+        assert DictionaryBlock(plain).entries() == DictionaryBlock(stored).entries()
+    # 合并读旧段：未压缩的词典块与压缩的读出同一个段
+    lexemes = sorted({entry.lexeme for entry in entries})
+    terms = np.arange(len(lexemes), dtype=np.int32)
+    postings = Postings(terms, terms.astype(np.int64) % 50, np.zeros(len(terms), np.uint8),
+                        np.ones(len(terms), np.uint8), np.full(len(terms), 9, np.uint8))
+    segment = build_segment(lexemes, postings)
+    stored_rows = [data for _, data in segment.dictionary]
+    plain_rows = [unpack_dictionary_block(data) for data in stored_rows]
+    assert plain_rows != stored_rows
+    expected = _as_set(lexemes, postings)
+    assert _as_set(*read_segment(plain_rows, [])) == _as_set(*read_segment(stored_rows, [])) == expected
 
 
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=400).filter(lambda s: "\x00" not in s),

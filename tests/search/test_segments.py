@@ -20,6 +20,7 @@ from knowledge.models import KnowledgeBase
 from ops.tasks import compact_fulltext, maintain_fulltext
 from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
+from raglib.lexicon import unpack_dictionary_block
 from search import bm25, segments
 from search.retrieval import fulltext_search
 from search.segment_cache import DICTIONARIES, SegmentDictionaries
@@ -199,6 +200,13 @@ def test_prefix_dfs_are_written_with_each_segment_and_backfilled_by_0009(in_l0: 
     assert segments.mismatches(in_l0.id) == []
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM fulltext_prefixes WHERE knowledge_base_id = %s", [in_l0.id])
+        # 0009 运行时的段是未压缩的词典块（压缩是后来的格式，见 raglib.lexicon）：先把块还原成那时的样子
+        cursor.execute("SELECT segment_id, first_lexeme, data FROM fulltext_dictionary WHERE knowledge_base_id = %s",
+                       [in_l0.id])
+        for segment_id, first, data in cursor.fetchall():
+            cursor.execute("UPDATE fulltext_dictionary SET data = %s WHERE knowledge_base_id = %s"
+                           " AND segment_id = %s AND first_lexeme = %s",
+                           [unpack_dictionary_block(bytes(data)), in_l0.id, segment_id, first])
     backfill = importlib.import_module("search.migrations.0009_fulltext_prefixes").backfill
     backfill(None, SimpleNamespace(connection=connection))
     assert rows() == written
