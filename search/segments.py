@@ -464,8 +464,10 @@ def _union(parts: Sequence[tuple[list[str], Postings]]) -> tuple[list[str], Post
 
 # L0 的表与索引（几乎全是 GIN）超过这么多字节、又比现存的行所需（每行按 _L0_ROW_BYTES 宽估）大得多时，
 # 定时任务把它们缩回去。L0 只在写入与合并之间暂存分块，索引却停在批量写入的高峰：eval 库 8,938 个分块摄取完
-# L0 空了，GIN 还占 12 MB（1.4 KB/块）；100k 基准库 200 MB（2.0 KB/块，bench/pages/fulltext_engine.md）
-L0_SHRINK_MIN_BYTES = 8 * 1024 * 1024
+# L0 空了，GIN 还占 12 MB（1.4 KB/块）；100k 基准库 200 MB（2.0 KB/块，bench/pages/fulltext_engine.md）。
+# 门槛原是 8 MB，可几千个分块的库留下的正好在它下面（cmrc2018 + squad 的 1,704 块摄取完 2.5 MB，1.5 KB/块，
+# 整个数据库的 7%）；空的 L0 重建后不到 0.1 MB，1 MB 以下才不值得动
+L0_SHRINK_MIN_BYTES = 1024 * 1024
 _L0_ROW_BYTES = 16 * 1024
 # 同一时刻只有一个进程在缩 L0（REINDEX CONCURRENTLY 两个一起跑时后一个只是排队等）
 _SHRINK_LOCK = "search.fulltext_l0_shrink"
