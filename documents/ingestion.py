@@ -244,15 +244,16 @@ def embedding_input(draft: ChunkDraft) -> str:
     return " > ".join(missing) + "\n\n" + draft.text if missing else draft.text
 
 
-def reusable_vectors(document_ids: Sequence[Any], dimension: int) -> dict[str, Any]:
-    """这些文档现有分块的 text_hash → 向量；只取同一维度（同一知识库即同一模型）的向量。"""
+def reusable_vectors(document_ids: Sequence[Any], dimension: int) -> dict[str, np.ndarray]:
+    """这些文档现有分块的 text_hash → 向量；只取同一维度（同一知识库即同一模型）的向量。
+
+    列存的是半精度，读回来转成 float32 数组，与提供方算出的向量同一类型；再写回时取值不变。
+    """
     if not document_ids:
         return {}
-    return dict(
-        DocumentChunk.objects.filter(document_id__in=list(document_ids), embedding_dim=dimension)
-        .exclude(text_hash="")
-        .values_list("text_hash", "embedding")
-    )
+    rows = (DocumentChunk.objects.filter(document_id__in=list(document_ids), embedding_dim=dimension)
+            .exclude(text_hash="").values_list("text_hash", "embedding"))
+    return {digest: np.asarray(vector, dtype=np.float32) for digest, vector in rows}
 
 
 @dataclass

@@ -5,6 +5,11 @@
 用 CHECK 约束保证二者一致，再为每个支持的维度建一个“表达式 + 部分”HNSW 索引
 （``(embedding::vector(N)) vector_cosine_ops WHERE embedding_dim = N``）。
 检索时按知识库的维度带上同样的 cast 与条件即可命中对应索引，不同模型的向量永不混用。
+
+列本身存半精度（``halfvec``，每维 2 字节），索引与距离仍按规格用 float32 的 ``vector_cosine_ops``（表达式里 cast 回
+``vector(N)``）。向量留在行内（``STORAGE MAIN``，精确扫描不读 TOAST），一行的大小决定一页放几行：384 维 float32 的
+行约 2 KB，一页 4 行；半精度时约 1.3 KB，一页 6 行。1024 维（BGE-M3）的 float32 行约 4.3 KB，一页只放得下 1 行，
+半精度时 3 行。每维的相对舍入误差至多 2^-12，余弦的误差在 1e-4 量级（开发集上的比较见 docs/EVALUATION.md）。
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Cast
-from pgvector.django import HnswIndex, VectorField
+from pgvector.django import HalfVectorField, HnswIndex, VectorField
 
 from jobs.models import JobTarget
 from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
@@ -132,7 +137,7 @@ class DocumentChunk(models.Model):
     chunk_index = models.PositiveIntegerField("序号")
     chunk_text = models.TextField("文本")
     metadata = models.JSONField("元数据", default=dict, blank=True)
-    embedding = VectorField("向量", null=True, blank=True)
+    embedding = HalfVectorField("向量", null=True, blank=True)
     embedding_dim = models.PositiveSmallIntegerField("向量维度", null=True, blank=True)
     role = models.CharField("角色", max_length=8, choices=Role.choices, default=Role.CHUNK)
     parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children",

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django_q.models import Schedule
 
 from documents import ingestion
@@ -231,6 +233,7 @@ def test_reindex_reuses_unchanged_embeddings(client_rw, kb_factory, run_on_commi
     first_ids = set(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True))
     embedded_first = sum(fake_embedder.calls)
     assert embedded_first == len(first_ids)
+    first_vectors = _stored_vectors(document_id)
 
     response = run_on_commit(client_rw.post, f"/documents/{document_id}/reindex")
     assert response.status_code == 202
@@ -239,6 +242,14 @@ def test_reindex_reuses_unchanged_embeddings(client_rw, kb_factory, run_on_commi
     second_ids = set(DocumentChunk.objects.filter(document_id=document_id).values_list("id", flat=True))
     assert len(second_ids) == len(first_ids) and not (second_ids & first_ids)
     assert sum(fake_embedder.calls) == embedded_first  # 文本没变：一次 embedding 也不用重算
+    # 复用的向量从半精度的列读回、原样写回：逐位相同，重新索引多少次也不会漂移
+    assert _stored_vectors(document_id) == first_vectors
+
+
+def _stored_vectors(document_id: str) -> list[tuple[int, str]]:
+    """文档各分块按序号的向量文本（列里存的值，不经 Python 的浮点转换）。"""
+    return list(DocumentChunk.objects.filter(document_id=document_id).order_by("chunk_index")
+                .annotate(stored=Cast("embedding", TextField())).values_list("chunk_index", "stored"))
 
 
 def test_failed_reindex_keeps_previous_chunks_searchable(client_rw, kb_factory, run_on_commit, fake_embedder,
