@@ -145,7 +145,7 @@ def vector_distances(kb: KnowledgeBase, query_vector: np.ndarray, chunk_ids: Seq
     if not chunk_ids:
         return {}
     with search_connection().cursor() as cursor:
-        cursor.execute(f"SELECT id, embedding::vector({dim}) <=> %s::vector({dim}) FROM document_chunks"
+        cursor.execute(f"SELECT id, {ann.stored_distance(dim, '')} FROM document_chunks"
                        " WHERE id = ANY(%s) AND embedding_dim = %s",
                        [vector_literal(query_vector), list(chunk_ids), dim])
         return {int(chunk_id): float(distance) for chunk_id, distance in cursor.fetchall()}
