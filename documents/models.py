@@ -17,7 +17,6 @@ from __future__ import annotations
 import uuid
 
 from django.contrib.postgres.indexes import OpClass
-from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Cast
@@ -147,8 +146,13 @@ class DocumentChunk(models.Model):
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
     # 由 raglib.analysis.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关。
     # 它是分块的正向索引：触发器由它写 L0，短语/布尔/exact 查询与补分数逐行读它。没有 GIN 索引：BM25 从段与 L0
-    # 找候选，不按 tsquery 扫全库；GIN 在 10 万块时每块占约 2 KB、每写一块多花约 1 ms，却没有查询用得上
-    search_vector = SearchVectorField("全文索引", null=True, blank=True)
+    # 找候选，不按 tsquery 扫全库；GIN 在 10 万块时每块占约 2 KB、每写一块多花约 1 ms，却没有查询用得上。
+    # 存的是 tsvector 的规范文本形式（词位按字节序，与 ``::text`` 的输出相同），读的地方写 ``search_vector::tsvector``：
+    # 二进制的 tsvector 开头是词位偏移表，PostgreSQL 的 pglz 在前 1 KB 找不到重复就放弃，一字节也压不掉；文本形式里
+    # 排好序的词位共享前缀、位置串反复出现，pglz 压掉约三成（开发集的长分块每块约 1.3 KB，documents.0013；
+    # 见 docs/INVARIANTS.md 的 CHUNK-TERMS-CANONICAL）
+    # NULL 是“还没切词”（bench 只装向量时、回填迁移之前），与空串（切过、没有词，照样计入分块数）不同
+    search_vector = models.TextField("全文索引（tsvector 文本）", null=True, blank=True)  # noqa: DJ001
     # search_vector 里的词数（标题 + 正文）：BM25 的文档长度；知识库级统计由数据库触发器维护（见 search.bm25）
     search_length = models.PositiveIntegerField("全文词数", db_default=0)
     created_at = models.DateTimeField("创建时间", auto_now_add=True)

@@ -415,8 +415,10 @@ class _VectorBuilder:
         self.size, self.position = size, position
 
     def literal(self) -> str:
-        return " ".join(quote_lexeme(lexeme) + ":" + ",".join(positions[1:])
-                        for lexeme, positions in self.entries.items())
+        # 词位按 UTF-8 字节序写出：PostgreSQL 存 tsvector 的顺序，字面量因此就是 ``::tsvector::text`` 的规范文本
+        # （分块存的正是它，见 documents.0013：排好序的词位共享前缀，pglz 才压得动）
+        entries = sorted(self.entries.items(), key=lambda item: item[0].encode("utf-8"))
+        return " ".join(quote_lexeme(lexeme) + ":" + ",".join(positions[1:]) for lexeme, positions in entries)
 
 
 def document_terms(body: str, titles: Sequence[str] = (), *, analyzer: Analyzer | str) -> tuple[str, int]:

@@ -214,7 +214,7 @@ def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statist
 _CHUNK_PAGE_SQL = ("SELECT c.id, c.chunk_text, c.metadata::text FROM document_chunks c"
                    " WHERE c.id > %s {scope} ORDER BY c.id LIMIT %s")
 # 一批分块的新全文列一条 UPDATE 写回；触发器在同一事务里把统计与倒排换成新的
-_WRITE_TERMS_SQL = ("UPDATE document_chunks AS c SET search_vector = v.sv::tsvector, search_length = v.len"
+_WRITE_TERMS_SQL = ("UPDATE document_chunks AS c SET search_vector = v.sv::tsvector::text, search_length = v.len"
                     " FROM unnest(%s::bigint[], %s::text[], %s::int[]) AS v(id, sv, len) WHERE c.id = v.id")
 
 
@@ -275,7 +275,7 @@ def chunk_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25S
         # 标题部分的位置权重是 A，正文是 B（见 raglib.analysis），与触发器写倒排时的口径相同
         cursor.execute(
             "SELECT c.id, c.search_length, u.lexeme, coalesce(cardinality(array_positions(u.weights, 'A')), 0),"
-            " cardinality(u.weights) FROM document_chunks c, unnest(c.search_vector) u"
+            " cardinality(u.weights) FROM document_chunks c, unnest(c.search_vector::tsvector) u"
             " WHERE c.id = ANY(%s) AND (u.lexeme = ANY(%s::text[])"
             " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(u.lexeme, p)))",
             [list(chunk_ids), exact, prefixes],
@@ -308,9 +308,9 @@ def _ts_rank_cd_search(query: ParsedQuery, scope: ChunkScope, limit: int) -> lis
     match, params = _match_sql(query, scope)
     # 命中用 tsquery；排序用 rank_tsquery（phrase 查询里可选的词只抬高排名，不决定是否命中）
     sql = (
-        "SELECT c.id, ts_rank_cd(c.search_vector, q.rank_query, 32) AS rank"
+        "SELECT c.id, ts_rank_cd(c.search_vector::tsvector, q.rank_query, 32) AS rank"
         " FROM document_chunks c, (SELECT %s::tsquery AS query, %s::tsquery AS rank_query) q"
-        f" WHERE c.search_vector @@ q.query AND {match}"
+        f" WHERE c.search_vector::tsvector @@ q.query AND {match}"
         " ORDER BY rank DESC, c.id LIMIT %s"
     )
     with search_connection().cursor() as cursor:
@@ -474,7 +474,7 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
         # 元数据过滤、tsquery、exact 的原文包含：逐个候选按主键回表（OFFSET 0 阻止展平：展平成连接时规划器低估候选数，
         # 曾把整个知识库的分块读出来做哈希连接，100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
         match, params = _match_sql(query, scope)
-        must = "" if query.type == "plain" else " AND c.search_vector @@ %s::tsquery"
+        must = "" if query.type == "plain" else " AND c.search_vector::tsvector @@ %s::tsquery"
         check = (f"CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = k.chunk_id AND {match}{must}"
                  " OFFSET 0) c")
         params += [query.tsquery] if must else []

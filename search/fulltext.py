@@ -18,8 +18,9 @@
   永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
 - **打分在服务里**（:mod:`search.bm25`）：取查询词的词典条目与额度内的倒排块，numpy 解码、打分、去掉删除集，前若干名
   换成分块 id 再回表检查范围（没有过滤条件的普通查询只查序号表与 L0 里记着的文档，不读分块行）。
-  短语、布尔、exact 查询另外要求分块满足 ``search_vector @@ tsquery``
-  （回表时逐行检查；tsvector 保留，它的 GIN 在 ``documents.0011`` 删掉了，没有查询用得上）。
+  短语、布尔、exact 查询另外要求分块满足 ``search_vector::tsvector @@ tsquery``
+  （回表时逐行检查；tsvector 保留，它的 GIN 在 ``documents.0011`` 删掉了，没有查询用得上；列里存的是 tsvector 的
+  规范文本，PostgreSQL 压得动它，读时转回，``documents.0013``）。
   查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，只有额度里要读它的倒排时
   才取以它开头的词典块（常用字开头的词位有上千个）。
 
@@ -53,7 +54,9 @@
 - 旧版本的文件在所有部署都迁移过之后随下一次压缩迁移（squash）一起删掉；v1 就是这样来的：
   ``search.0001_squashed_0005_fulltext_engine`` 取代了原来的 0001~0005。v2 由 ``search.0008_fulltext_segments`` 应用，
   v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用，存储 v4 与触发器函数 v3（记下文档）由
-  ``search.0010_fulltext_document_ids`` 应用，存储 v5（段的代号）由 ``search.0011_fulltext_segment_generation`` 应用。
+  ``search.0010_fulltext_document_ids`` 应用，存储 v5（段的代号）由 ``search.0011_fulltext_segment_generation`` 应用，
+  存储 v6（段的写出时间）由 ``search.0012`` 应用，触发器函数 v4（读分块的词位时转成 tsvector）由
+  ``search.0013_fulltext_terms_as_text`` 应用。
 
 查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。

@@ -112,7 +112,7 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
         index, chunks = plan.index, plan.estimate
     scope, params = _scope_sql(kb, filters)
     if exclude:
-        scope += " AND NOT (coalesce(c.search_vector, ''::tsvector) @@ %s::tsquery)"
+        scope += " AND NOT (coalesce(c.search_vector, '')::tsvector @@ %s::tsquery)"
         params.append(exclude)
     rows, method = ann.ann_search(kb, query=vector_literal(query_vector), scope=scope, params=params, limit=limit,
                                   exact=exact, index=index, chunks=chunks)

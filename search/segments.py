@@ -583,7 +583,7 @@ def rebuild(kb_id: uuid.UUID) -> CompactResult:
             " SELECT c.knowledge_base_id, c.id, c.document_id, coalesce(c.search_length, 0), t.lexemes, t.title_tf,"
             " t.body_tf"
             " FROM (SELECT * FROM document_chunks WHERE knowledge_base_id = %s AND role <> 'parent' FOR KEY SHARE) c"
-            " CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector) t ON CONFLICT DO NOTHING",
+            " CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector::tsvector) t ON CONFLICT DO NOTHING",
             [kb_id],
         )
         # 一次放进成千上万行之后 L0 的统计还是放之前的（常常是空表）：接下来合并取一批行的语句按它做计划，
@@ -606,7 +606,7 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
                        [kb_id])
         state = cursor.fetchone()
         cursor.execute("SELECT c.id, coalesce(c.search_length, 0), t.lexemes, t.title_tf, t.body_tf"
-                       " FROM document_chunks c CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector) t"
+                       " FROM document_chunks c CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector::tsvector) t"
                        " WHERE c.knowledge_base_id = %s AND c.role <> 'parent'", [kb_id])
         chunks = cursor.fetchall()
         if state is None:

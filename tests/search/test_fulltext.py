@@ -113,7 +113,8 @@ def test_tokenize_english_stemming_numbers_and_punctuation():
 
 def test_document_tsvector_weights_positions_and_gaps():
     # 标题在前（A），各部分之间空一个位置，正文（B）接在后面
-    assert document_tsvector("中国 run", ["中国"]) == "'中国':1A,3B 'run':4B"
+    # 词位按 UTF-8 字节序（PostgreSQL 的规范顺序）
+    assert document_tsvector("中国 run", ["中国"]) == "'run':4B '中国':1A,3B"
     assert document_tsvector("") == "" and document_tsvector("！？", ["。"]) == ""
     # 子词与所在的词同一位置
     entries = vector_entries(document_tsvector("中华人民共和国成立"))
@@ -293,6 +294,8 @@ def test_document_tsvector_always_valid(body, titles):
     literal = document_tsvector(body, titles)
     with transaction.atomic():
         assert sql("SELECT length(%s::tsvector)", [literal]) == len(vector_entries(literal))
+        # 字面量就是规范文本（分块存的就是它，documents.0013）
+        assert sql("SELECT %s::tsvector::text", [literal]) == literal
 
 
 def reference_tsvector(body: str, titles, analyzer: str) -> tuple[str, int]:
@@ -314,7 +317,7 @@ def reference_tsvector(body: str, titles, analyzer: str) -> tuple[str, int]:
                 if len(positions) < MAX_POSITIONS_PER_LEXEME:
                     positions.setdefault(min(position, MAX_POSITION), weight)
     literal = " ".join(quote_lexeme(lexeme) + ":" + ",".join(f"{at}{weight}" for at, weight in positions.items())
-                       for lexeme, positions in entries.items())
+                       for lexeme, positions in sorted(entries.items(), key=lambda item: item[0].encode()))
     return literal, length
 
 
@@ -349,7 +352,7 @@ def test_ingestion_writes_search_vector(client_rw, kb_factory, run_on_commit, fa
     def hits(query: str) -> set[int]:
         with connection.cursor() as cursor:
             cursor.execute("SELECT chunk_index FROM document_chunks WHERE document_id = %s "
-                           "AND search_vector @@ %s::tsquery", [document_id, parse_query(query).tsquery])
+                           "AND search_vector::tsvector @@ %s::tsquery", [document_id, parse_query(query).tsquery])
             return {row[0] for row in cursor.fetchall()}
 
     deadline = {c.chunk_index for c in chunks if "投标截止时间" in c.chunk_text}
@@ -358,6 +361,26 @@ def test_ingestion_writes_search_vector(client_rw, kb_factory, run_on_commit, fa
     # 标题部分（文件名、文档标题、标题路径）进入每个分块
     assert hits("招标文件") == hits("政务云") == set(chunks.values_list("chunk_index", flat=True))
     assert hits('"技术要求"') == {c.chunk_index for c in chunks if c.metadata["heading_path"] == ["第二章 技术要求"]}
+
+
+@pytest.mark.django_db
+def test_chunk_terms_are_stored_as_canonical_compressed_text(client_rw, kb_factory, run_on_commit, fake_embedder):
+    """分块的词位存 tsvector 的规范文本（documents.0013）：字面量就是 ``::tsvector::text`` 的输出（词位按字节序），
+    长分块的这一列被 PostgreSQL 压缩存放——二进制的 tsvector 压不动，这是改存文本的全部理由。"""
+    kb = kb_factory()
+    document_id = upload(client_rw, kb, "招标文件.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
+    # 再给分块换上多得多的词（开发集的长分块 tsvector 3~5 KB）：行超过 2 KB，PostgreSQL 才去压缩它
+    long_text = "".join(line.strip("# ") for line in BID_TEXT.splitlines()) * 4
+    chunk = DocumentChunk.objects.filter(document_id=document_id).first()
+    DocumentChunk.objects.filter(id=chunk.id).update(search_vector=document_tsvector(long_text))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, search_vector = search_vector::tsvector::text, octet_length(search_vector),"
+                       " pg_column_size(search_vector), pg_column_compression(search_vector) FROM document_chunks"
+                       " WHERE document_id = %s", [document_id])
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    assert rows and all(canonical for canonical, *_ in rows.values())
+    _, raw, stored, method = rows[chunk.id]
+    assert raw > 1500 and method is not None and stored < raw * 0.8
 
 
 @pytest.mark.django_db

@@ -161,9 +161,15 @@ def test_upgrade_backfills_put_existing_chunks_into_l0_and_record_their_document
         for table in ("fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_blocks", "fulltext_dictionary",
                       "fulltext_prefixes", "fulltext_segments"):
             cursor.execute(f"DELETE FROM {table} WHERE knowledge_base_id = %s", [in_l0.id])
-        # 0008 时 L0 还没有 document_id 这一列：暂时去掉它的非空约束代替（测试的事务结束时回滚）
+        # 0008 时 L0 还没有 document_id 这一列：暂时去掉它的非空约束代替；分块的词位那时还是 tsvector 列
+        # （documents.0013 才改存文本），暂时改回去（都在测试的事务里，结束时回滚；改表前先让延迟的外键检查跑完）
         cursor.execute("ALTER TABLE fulltext_l0 ALTER COLUMN document_id DROP NOT NULL")
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("ALTER TABLE document_chunks ALTER COLUMN search_vector TYPE tsvector"
+                       " USING search_vector::tsvector")
         cursor.execute(importlib.import_module("search.migrations.0008_fulltext_segments").BACKFILL_SQL)
+        cursor.execute("ALTER TABLE document_chunks ALTER COLUMN search_vector TYPE text USING search_vector::text")
+        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
         cursor.execute(BACKFILL_0010)
         cursor.execute("ALTER TABLE fulltext_l0 ALTER COLUMN document_id SET NOT NULL")
     assert _count("fulltext_l0", in_l0) == DocumentChunk.objects.filter(knowledge_base=in_l0).count()
