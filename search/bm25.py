@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from infra.routers import search_connection
-from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms
+from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms, lexeme_counts
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
 from raglib.lexicon import DictionaryBlock, Entry
 from raglib.postings import (
@@ -260,7 +260,8 @@ def chunk_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25S
 
     全文一路只返回前若干名，混合检索的候选里总有它没列出的分块：给它们补上真实的分数，而不是借用名单里
     别的分块的分数（见 docs/INVARIANTS.md 的 EVIDENCE-OWN）。与倒排表上的打分同一个公式
-    （:func:`raglib.bm25.chunk_score`）。
+    （:func:`raglib.bm25.chunk_score`）。查询词的词频从 tsvector 的规范文本里直接找
+    （:func:`raglib.analysis.lexeme_counts`），不在 SQL 里把整个 tsvector 展开。
     """
     scores = dict.fromkeys(chunk_ids, 0.0)
     params = _bm25_params()
@@ -272,17 +273,12 @@ def chunk_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25S
     counts: dict[int, dict[str, tuple[int, int]]] = {}
     lengths: dict[int, int] = {}
     with search_connection().cursor() as cursor:
-        # 标题部分的位置权重是 A，正文是 B（见 raglib.analysis），与触发器写倒排时的口径相同
-        cursor.execute(
-            "SELECT c.id, c.search_length, u.lexeme, coalesce(cardinality(array_positions(u.weights, 'A')), 0),"
-            " cardinality(u.weights) FROM document_chunks c, unnest(c.search_vector::tsvector) u"
-            " WHERE c.id = ANY(%s) AND (u.lexeme = ANY(%s::text[])"
-            " OR EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(u.lexeme, p)))",
-            [list(chunk_ids), exact, prefixes],
-        )
-        for chunk_id, length, lexeme, title, total in cursor.fetchall():
-            counts.setdefault(int(chunk_id), {})[lexeme] = (int(title), int(total) - int(title))
-            lengths[int(chunk_id)] = int(length)
+        cursor.execute("SELECT id, search_length, search_vector FROM document_chunks WHERE id = ANY(%s)",
+                       [list(chunk_ids)])
+        for chunk_id, length, vector in cursor.fetchall():
+            found = lexeme_counts(vector or "", exact, prefixes)
+            if found:
+                counts[int(chunk_id)], lengths[int(chunk_id)] = found, int(length)
     for chunk_id, chunk_counts in counts.items():
         # 与段里存的口径相同：词频各封顶在一个字节，长度取量化后的值，两条路给同一个分块的分数才一致
         capped = {lexeme: (capped_tf(title), capped_tf(body)) for lexeme, (title, body) in chunk_counts.items()}

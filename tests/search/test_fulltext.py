@@ -337,6 +337,28 @@ def test_document_terms_match_the_tokenize_definition(analyzer, body, titles, re
         assert analysis.document_terms(text, titles, analyzer=analyzer) == reference_tsvector(text, titles, analyzer)
 
 
+@pytest.mark.django_db
+@PROPERTY
+@given(body=st.text(alphabet=st.sampled_from(list(MIXED_ALPHABET)), max_size=300) | st.text(max_size=300),
+       titles=st.lists(st.text(alphabet=st.sampled_from(list(MIXED_ALPHABET)), max_size=20), max_size=2),
+       absent=st.lists(st.text(max_size=4), max_size=3), cut=st.integers(1, 3))
+def test_lexeme_counts_match_postgres(body, titles, absent, cut):
+    """:func:`analysis.lexeme_counts` 在规范文本里找到的（标题，正文）次数与 PostgreSQL 展开 tsvector 得到的相同：
+    整词与前缀（取各词位的前几个字当前缀），含单引号、反斜杠、扩展 B 的字；不在分块里的词不出现。"""
+    literal = document_tsvector(body, titles)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT u.lexeme, coalesce(cardinality(array_positions(u.weights, 'A')), 0),"
+                       " cardinality(u.weights) FROM unnest(%s::tsvector) u", [literal])
+        expected = {lexeme: (title, total - title) for lexeme, title, total in cursor.fetchall()}
+    assert analysis.lexeme_counts(literal, [*expected, *absent]) == {
+        lexeme: counts for lexeme, counts in expected.items()} | {
+        lexeme: expected[lexeme] for lexeme in absent if lexeme in expected}
+    prefixes = sorted({lexeme[:cut] for lexeme in expected} | {a for a in absent if a})
+    for prefix in prefixes:
+        assert analysis.lexeme_counts(literal, [], [prefix]) == {
+            lexeme: counts for lexeme, counts in expected.items() if lexeme.startswith(prefix)}
+
+
 # ---------------------------------------------------------------- 摄取与迁移回填
 
 
