@@ -534,7 +534,9 @@ class ParsedQuery:
     - ``terms``：BM25 打分的查询词（正向部分的全部词，去重计数）；
     - ``phrases``：仅 exact 类型有值，是用户输入的引号内原文（未归一化），SQL 应再要求
       ``strpos(lower(chunk_text), lower(phrase)) > 0``；
-    - ``exclude``：boolean 类型中 ``-词`` 的 OR 组合（或空串），方便向量检索一路也排除这些分块。
+    - ``exclude``：boolean 类型中 ``-词`` 的 OR 组合（或空串），方便向量检索一路也排除这些分块；
+    - ``required``：满足 ``tsquery`` 的分块必定含有的词（词位, 是否前缀）：短语与 exact 里串起来的词，boolean 里
+      不带 OR 的各项的词。BM25 据此在回表之前去掉不可能命中的候选（search.bm25），plain 查询没有。
     """
 
     type: QueryType
@@ -543,6 +545,7 @@ class ParsedQuery:
     rank_tsquery: str = ""
     exclude: str = ""
     terms: tuple[QueryTerm, ...] = ()
+    required: tuple[tuple[str, bool], ...] = ()
 
 
 # 引号串（英文双引号、全角双引号、中文弯引号、直角引号，可带前缀 -）| OR 运算符 | 空白分隔的词 | 其余单个字符
@@ -616,6 +619,11 @@ def _phrase_words(words: Sequence[Word]) -> list[Word]:
     return words
 
 
+def _word_keys(words: Iterable[Word]) -> list[tuple[str, bool]]:
+    """词的（词位, 是否前缀），去重、保持顺序：:attr:`ParsedQuery.required` 的元素。"""
+    return list(dict.fromkeys((w.lexeme, w.prefix) for w in words))
+
+
 def _chain(words: Sequence[Word]) -> str:
     """短语：词（含停用词，文档里也有）按相邻位置串起来。"""
     operands = [_operand(w) for w in _phrase_words(words)]
@@ -652,6 +660,8 @@ def _phrase_terms(words: Sequence[Word]) -> list[QueryTerm]:
 
 def _boolean(items: Sequence[_Item]) -> ParsedQuery:
     clauses: list[list[str]] = []
+    # 与 clauses 平行：每个子句各备选项用到的词；只有一个备选项的子句，它的词每个命中的分块都有
+    clause_words: list[list[list[Word]]] = []
     excluded: list[str] = []
     terms: list[QueryTerm] = []
     pending_or = last_positive = False
@@ -664,16 +674,19 @@ def _boolean(items: Sequence[_Item]) -> ParsedQuery:
             last_positive = pending_or = False
             continue
         if item.kind == "quote":
+            used = _phrase_words(item.words)
             expression = _chain(item.words)
             terms.extend(_phrase_terms(item.words))
         else:
-            kept = _keep(item.words)[:MAX_QUERY_LEXEMES]
-            expression = _and([_operand(w) for w in kept])
-            terms.extend(_count_terms((w.lexeme, w.prefix) for w in kept))
+            used = _keep(item.words)[:MAX_QUERY_LEXEMES]
+            expression = _and([_operand(w) for w in used])
+            terms.extend(_count_terms((w.lexeme, w.prefix) for w in used))
         if pending_or and last_positive:
             clauses[-1].append(expression)
+            clause_words[-1].append(used)
         else:
             clauses.append([expression])
+            clause_words.append([used])
         last_positive, pending_or = True, False
     exclude = _or(excluded) if excluded else ""
     if not clauses:
@@ -681,7 +694,9 @@ def _boolean(items: Sequence[_Item]) -> ParsedQuery:
         return ParsedQuery("boolean", "", exclude=exclude)
     positive = _and([_or(alternatives) for alternatives in clauses])
     tsquery = _and([positive, *(f"!{expression}" for expression in dict.fromkeys(excluded))])
-    return ParsedQuery("boolean", tsquery, rank_tsquery=positive, exclude=exclude, terms=_merge(terms))
+    required = _word_keys(w for alternatives in clause_words if len(alternatives) == 1 for w in alternatives[0])
+    return ParsedQuery("boolean", tsquery, rank_tsquery=positive, exclude=exclude, terms=_merge(terms),
+                       required=tuple(required))
 
 
 def _merge(terms: Iterable[QueryTerm]) -> tuple[QueryTerm, ...]:
@@ -721,13 +736,15 @@ def parse_query(query: str, *, analyzer: Analyzer | str) -> ParsedQuery:
         tsquery = _chain(quotes[0].words)
         phrase = quotes[0].text.replace("\x00", "").strip()
         return ParsedQuery("exact", tsquery, (phrase,) if phrase else (), rank_tsquery=tsquery,
-                           terms=tuple(_phrase_terms(quotes[0].words)))
+                           terms=tuple(_phrase_terms(quotes[0].words)),
+                           required=tuple(_word_keys(_phrase_words(quotes[0].words))))
     if quotes:
         required = _and([_chain(item.words) for item in quotes])
         optional = _plain_terms([w for item in terms if item.kind == "word" for w in item.words])
         scored = _merge([*(t for item in quotes for t in _phrase_terms(item.words)), *optional])
         return ParsedQuery("phrase", required, rank_tsquery=_or([required, *(t.operand for t in optional)]),
-                           terms=scored)
+                           terms=scored,
+                           required=tuple(_word_keys(w for item in quotes for w in _phrase_words(item.words))))
     plain = _plain_terms([w for item in terms for w in item.words])
     tsquery = _or([t.operand for t in plain]) if plain else ""
     return ParsedQuery("plain", tsquery, rank_tsquery=tsquery, terms=tuple(plain))

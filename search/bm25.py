@@ -330,8 +330,8 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
         statistics = snapshot.statistics
         reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, params),
                                settings.BM25_MAX_POSTINGS)
-        if not reads:
-            return [], statistics  # 没有一个查询词出现在这个知识库里
+        if not reads or _lacks_required(query, statistics):
+            return [], statistics  # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在
         # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
         snapshot.entries.update(_dictionary_entries(
             cursor, kb_id, snapshot.segments, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
@@ -374,8 +374,38 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
         docs, scores = bm25_scores(postings, {slot: slot for slot in range(len(reads))},
                                    [r.scored.weight for r in reads], k1=params.k1, b=params.b,
                                    avgdl=statistics.avgdl, title_weight=params.title_weight)
+        docs, scores = _with_required(query, reads, postings, docs, scores)
         hits = _in_scope(cursor, kb_id, query, scope, docs, scores, l0_chunks, limit)
     return hits, statistics
+
+
+def _lacks_required(query: ParsedQuery, statistics: Bm25Statistics) -> bool:
+    """必需的词（:attr:`ParsedQuery.required`）有一个在知识库里 df 为 0：没有分块满足 tsquery。
+
+    只看也是查询词（``query.terms``，读了 df）的那些：查询词有个数上限，超出的必需词没有 df 可看，不作判断。
+    """
+    scored = {(term.lexeme, term.prefix) for term in query.terms}
+    return any(key in scored and statistics.dfs.get(key, 0) <= 0 for key in query.required)
+
+
+def _with_required(query: ParsedQuery, reads: Sequence[TermRead], postings: Postings, docs: np.ndarray,
+                   scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """短语、布尔、exact 查询：去掉缺少某个必需词的候选，只留可能满足 tsquery 的去回表检查。
+
+    只用整条读到了倒排的必需词（``rows == df``：稀有词、读得起的前缀词）：候选不在它的倒排里，就确实不含这个词，
+    回表时也过不了 tsquery，去掉它不改变结果。截断读的常见词不作判断。候选按分数排好的顺序不变。回表检查
+    每个候选都要取出分块的词位（解压、转回 tsvector，每个几十微秒），短语不在库里时以前要把几千个候选逐个查完。
+    """
+    if not query.required or not len(docs):
+        return docs, scores
+    slots = {(read.scored.term.lexeme, read.scored.term.prefix): slot
+             for slot, read in enumerate(reads) if not read.truncated}
+    keep = np.ones(len(docs), dtype=bool)
+    for key in query.required:
+        slot = slots.get(key)
+        if slot is not None:
+            keep &= np.isin(docs, postings.docs[postings.terms == slot])
+    return docs[keep], scores[keep]
 
 
 def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:

@@ -112,6 +112,25 @@ def test_sql_scores_equal_python_bm25(medical: KnowledgeBase, query: str) -> Non
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("query", ['"乙肝病毒" 复查', '"高血压" 饮食', '"血压"', '高血压 -党参', "乙肝 OR 胃胀",
+                                   '"乙肝" "肝功能"', '"不存在的短语"', "饮食 -不存在", '"blood pressure"'])
+def test_phrase_boolean_exact_hits_are_exactly_the_matching_chunks(medical: KnowledgeBase, query: str) -> None:
+    """短语、布尔、exact：命中的正是满足 tsquery 的分块（逐个分块在数据库里检查），分数是它们的 BM25 分——回表前按
+    必需词去掉的候选（``_with_required``）一个也不该是满足 tsquery 的。"""
+    parsed = parse_query(query)
+    assert parsed.type != "plain"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM document_chunks WHERE knowledge_base_id = %s AND role <> 'parent'"
+                       " AND search_vector::tsvector @@ %s::tsquery", [medical.id, parsed.tsquery])
+        matching = {row[0] for row in cursor.fetchall()}
+    found = fulltext_search(medical, parsed, SearchFilters(), limit=50).hits
+    assert {hit.chunk_id for hit in found} == matching
+    expected = _python_bm25(medical, query)
+    for hit in found:
+        assert hit.value == pytest.approx(expected[hit.chunk_id], rel=1e-4)
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("query", ["高血压能吃党参吗", "乙肝 肝功能 复查", "hypertension blood pressure", "肝"])
 def test_scores_from_chunk_terms_equal_the_postings_scores(medical: KnowledgeBase, query: str) -> None:
     """EVIDENCE-OWN：给名单外候选补分数用的 fulltext_scores（由分块自己的 tsvector 算）与倒排表上的 SQL 打分一致；

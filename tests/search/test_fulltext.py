@@ -283,6 +283,34 @@ def test_parse_query_always_valid(query):
             assert all(row[0] > 0 for row in cursor.fetchall())
 
 
+# 词少、重复多，查询与文档常常命中：必需词的性质才测得到
+FEW_WORDS = ["中国", "人民", "国家", "好人", "的", "肝", "run", "running", "x", "3.14"]
+
+
+@pytest.mark.django_db
+@PROPERTY
+@given(query=st.lists(st.sampled_from([*FEW_WORDS, '"', "OR", "-", "“", "”"]), min_size=1, max_size=8).map(" ".join),
+       bodies=st.lists(st.lists(st.sampled_from(FEW_WORDS), max_size=12).map("".join), min_size=1, max_size=6))
+def test_required_terms_are_in_every_match(query, bodies):
+    """:attr:`ParsedQuery.required` 里的每个词都在每个满足 tsquery 的分块里（整词，或前缀词开头的某个词位）：
+    BM25 据此在回表之前去掉不含它的候选，所以它只能是必要条件。plain 查询没有必需词。"""
+    parsed = parse_query(query)
+    if parsed.type == "plain" or not parsed.tsquery:
+        assert parsed.type != "plain" or parsed.required == ()
+        return
+    exact = [lexeme for lexeme, prefix in parsed.required if not prefix]
+    prefixes = [lexeme for lexeme, prefix in parsed.required if prefix]
+    for body in bodies:
+        vector = document_tsvector(body)
+        with transaction.atomic():
+            if not sql("SELECT %s::tsvector @@ %s::tsquery", [vector, parsed.tsquery]):
+                continue
+        found = analysis.lexeme_counts(vector, exact)
+        assert set(exact) <= set(found), (query, body)
+        for prefix in prefixes:
+            assert analysis.lexeme_counts(vector, [], [prefix]), (query, body, prefix)
+
+
 @pytest.mark.django_db
 @PROPERTY
 @given(body=st.text(max_size=300), titles=st.lists(st.text(max_size=30), max_size=3))
