@@ -21,6 +21,7 @@ from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
 from knowledge.models import KnowledgeBase
 from ops.models import ApiKey
+from raglib import analysis
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError
 from raglib.providers.rerank import RerankUnavailable
@@ -67,6 +68,28 @@ def test_vector_query_runs_without_an_explicit_transaction(corpus: KnowledgeBase
         hits, method = vector_search(corpus, query / np.linalg.norm(query), SearchFilters(), 3, exact=exact)
     assert hits and method.startswith("exact" if exact else "hnsw")
     assert not any(atomic)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("words", ["月季", "评标", "pytest", "月季 评标", "评标 pytest", "月季 pytest"])
+def test_vector_exclusion_equals_filtering_every_row(corpus: KnowledgeBase, exact: bool, words: str,
+                                                     settings: Any) -> None:
+    """向量一路的 -词 排除（先按距离多取、去掉满足排除式的、不够再取更深）与逐行过滤的结果相同：所有分块按距离排好、
+    去掉满足排除式的，取前几个。三份文档里排除两份时，总有一种组合把最近的两块都排除，limit 1 就要往深处再取。"""
+    query_text = "园艺 " + " ".join(f"-{word}" for word in words.split())
+    exclude = analysis.parse_query(query_text, analyzer=settings.FULLTEXT_ANALYZER).exclude
+    query = np.ones(corpus.embedding_dimension, dtype=np.float32)
+    query /= np.linalg.norm(query)
+    everything, _ = vector_search(corpus, query, SearchFilters(), 100, exact=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM document_chunks WHERE knowledge_base_id = %s"
+                       " AND search_vector::tsvector @@ %s::tsquery", [corpus.id, exclude])
+        matching = {row[0] for row in cursor.fetchall()}
+    assert matching and len(matching) < len(everything)
+    for limit in (1, 2, 3):
+        hits, _ = vector_search(corpus, query, SearchFilters(), limit, exact=exact, exclude=exclude)
+        expected = [hit for hit in everything if hit.chunk_id not in matching][:limit]
+        assert [hit.chunk_id for hit in hits] == [hit.chunk_id for hit in expected]
 
 
 def test_hnsw_settings_apply_to_the_query_and_end_with_it(db: None) -> None:
