@@ -303,10 +303,13 @@ def _ts_rank_cd_search(query: ParsedQuery, scope: ChunkScope, limit: int) -> lis
     """
     match, params = _match_sql(query, scope)
     # 命中用 tsquery；排序用 rank_tsquery（phrase 查询里可选的词只抬高排名，不决定是否命中）
+    # 分块的词位存的是文本（documents.0013），每行转回 tsvector 一次（OFFSET 0 让子查询不被展开，命中检查与排序
+    # 共用这一次转换；展开了就是两次）。范围条件在前：不在范围里的行不必转换
     sql = (
-        "SELECT c.id, ts_rank_cd(c.search_vector::tsvector, q.rank_query, 32) AS rank"
-        " FROM document_chunks c, (SELECT %s::tsquery AS query, %s::tsquery AS rank_query) q"
-        f" WHERE c.search_vector::tsvector @@ q.query AND {match}"
+        "SELECT c.id, ts_rank_cd(v.terms, q.rank_query, 32) AS rank"
+        " FROM (SELECT %s::tsquery AS query, %s::tsquery AS rank_query) q, document_chunks c"
+        " CROSS JOIN LATERAL (SELECT c.search_vector::tsvector AS terms OFFSET 0) v"
+        f" WHERE {match} AND v.terms @@ q.query"
         " ORDER BY rank DESC, c.id LIMIT %s"
     )
     with search_connection().cursor() as cursor:
