@@ -451,9 +451,10 @@ def lexeme_counts(vector: str, lexemes: Iterable[str], prefixes: Iterable[str] =
     """
     counts: dict[str, tuple[int, int]] = {}
     for lexeme in lexemes:
-        start = _entry_start(vector, quote_lexeme(lexeme) + ":")
+        needle = quote_lexeme(lexeme) + ":"
+        start = _entry_start(vector, needle)
         if start >= 0:
-            counts[lexeme] = _weight_counts(vector, start + len(quote_lexeme(lexeme)) + 1)
+            counts[lexeme] = _weight_counts(vector, start + len(needle))
     for prefix in prefixes:
         head = quote_lexeme(prefix)[:-1]
         start = _entry_start(vector, head)
