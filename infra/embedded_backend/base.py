@@ -21,23 +21,25 @@ from infra.postgres_backend.base import DatabaseWrapper as PostgresDatabaseWrapp
 
 # 设置项里记录数据目录的键（conftest 会改 settings.DATA_DIR，这里必须记住启动时的那个）
 DATA_DIR_KEY = "EMBEDDED_DATA_DIR"
+# 设置项里记录内嵌服务器 shared_buffers（MB，0 为自动）的键
+SHARED_BUFFERS_KEY = "EMBEDDED_SHARED_BUFFERS_MB"
 _ADDRESS_KEYS = ("USER", "PASSWORD", "HOST", "PORT")
 _resolved: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()
 
 
-def resolve_address(data_dir: str) -> dict[str, Any]:
+def resolve_address(data_dir: str, shared_buffers_mb: int = 0) -> dict[str, Any]:
     """确保内嵌服务器在运行，返回连接地址（USER/PASSWORD/HOST/PORT）；每个进程只真正检查一次。"""
     with _lock:
         if data_dir not in _resolved:
-            parsed = database_from_url(ensure_embedded_database(Path(data_dir)))
+            parsed = database_from_url(ensure_embedded_database(Path(data_dir), shared_buffers_mb=shared_buffers_mb))
             _resolved[data_dir] = {key: parsed[key] for key in _ADDRESS_KEYS}
         return _resolved[data_dir]
 
 
 def _resolve(settings_dict: dict[str, Any]) -> None:
     if not settings_dict.get("HOST"):
-        settings_dict.update(resolve_address(settings_dict[DATA_DIR_KEY]))
+        settings_dict.update(resolve_address(settings_dict[DATA_DIR_KEY], settings_dict.get(SHARED_BUFFERS_KEY, 0)))
 
 
 class DatabaseClient(PostgresDatabaseClient):

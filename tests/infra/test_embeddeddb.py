@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.process, pytest.mark.slow]
 ROOT = Path(settings.BASE_DIR)
 
 
-def manage(data_dir: Path, *args: str) -> str:
+def manage(data_dir: Path, *args: str, extra_env: dict[str, str] | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "RAG_DATABASE_URL"} | {"RAG_DATA_DIR": str(data_dir)}
+    env |= extra_env or {}
     done = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=env, check=True,
                           capture_output=True, text=True, timeout=120)
     return done.stdout
@@ -61,6 +62,38 @@ def test_start_status_stop_round_trip(tmp_path: Path) -> None:
         assert manage(data_dir, "embeddeddb", "stop").startswith("内嵌 PostgreSQL 未在运行，无需停止")
     finally:
         manage(data_dir, "embeddeddb", "stop")
+
+
+def test_shared_buffers_follow_the_setting_at_each_start(tmp_path: Path) -> None:
+    """shared_buffers 写进数据目录、在启动时生效：新数据目录第一次启动就用设置的值（不是 PostgreSQL 默认的 128 MB），
+    改了设置之后下一次启动换成新值；运维用 ALTER SYSTEM 设的值优先。"""
+    data_dir = tmp_path / "data"
+
+    def shared_buffers(megabytes: int) -> str:
+        return manage(data_dir, "dbshell", "--", "-At", "-c", "show shared_buffers",
+                      extra_env={"RAG_EMBEDDED_SHARED_BUFFERS_MB": str(megabytes)}).strip()
+
+    try:
+        assert shared_buffers(160) == "160MB"
+        assert shared_buffers(192) == "160MB"  # 已在运行：不为换设置而重启
+        manage(data_dir, "embeddeddb", "stop")
+        assert shared_buffers(192) == "192MB"
+        manage(data_dir, "dbshell", "--", "-c", "ALTER SYSTEM SET shared_buffers = '144MB'")
+        manage(data_dir, "embeddeddb", "stop")
+        assert shared_buffers(192) == "144MB"
+        conf = (data_dir / "pgdata" / "postgresql.conf").read_text()
+        assert conf.count(f"include_if_exists = '{embedded_db.SETTINGS_FILE}'") == 1
+    finally:
+        manage(data_dir, "embeddeddb", "stop")
+
+
+@pytest.mark.parametrize(("memory_gib", "expected_mb"), [(0.25, 128), (2, 512), (8, 2048), (24, 4096), (256, 4096)])
+def test_automatic_shared_buffers_are_a_quarter_of_memory_within_bounds(memory_gib: float, expected_mb: int) -> None:
+    assert embedded_db.auto_shared_buffers_mb(int(memory_gib * 2**30)) == expected_mb
+
+
+def test_memory_limit_is_at_most_the_machine_memory() -> None:
+    assert 0 < embedded_db.memory_limit_bytes() <= psutil.virtual_memory().total
 
 
 def test_external_database_is_reported_not_touched(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{state}（数据目录 {data_dir / 'pgdata'}）")
             return
         if action == "start":
-            ensure_embedded_database(data_dir)
+            ensure_embedded_database(data_dir, shared_buffers_mb=settings.EMBEDDED_SHARED_BUFFERS_MB)
         self.stdout.write(self._describe(embedded_database_status(data_dir)))
 
     @staticmethod

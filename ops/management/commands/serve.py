@@ -143,7 +143,8 @@ def child_env(metrics_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     # 子进程直接连已解析出的数据库地址，不必各自再检查内嵌服务器
     if not env.get("RAG_DATABASE_URL"):
-        env["RAG_DATABASE_URL"] = ensure_embedded_database(Path(settings.DATA_DIR))
+        env["RAG_DATABASE_URL"] = ensure_embedded_database(Path(settings.DATA_DIR),
+                                                           shared_buffers_mb=settings.EMBEDDED_SHARED_BUFFERS_MB)
     # 多进程指标目录必须在每次启动时清空，否则会把上次运行的计数累加进来
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True)
