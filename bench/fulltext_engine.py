@@ -5,6 +5,7 @@
     .venv/bin/python bench/fulltext_engine.py --rows 10000 --round 2000 --verify --no-lucene   # 快速检查
     .venv/bin/python bench/fulltext_engine.py --rows 100000 --profile --json /tmp/v2.json     # 加合并与查询的 cProfile
     .venv/bin/python bench/fulltext_engine.py --reuse --maintained --no-lucene   # 库闲下来、维护之后再量
+    .venv/bin/python bench/fulltext_engine.py --reuse --append 5000 --no-lucene   # 已有 10 万块时再写入的速度
 
 每个代码树用自己的数据目录（``RAG_DATA_DIR``）；页面 ``bench/pages/fulltext_engine.md`` 有改版前后并排的完整命令。
 
@@ -592,6 +593,25 @@ def lucene(python: str | None, rows: int, queries: list[str], workdir: Path | No
 KB_NAME = "bench-fulltext-engine"
 
 
+def append(rows: int, existing: int) -> dict[str, Any]:
+    """在已有的库旁边写：另建一个库，1 个写入进程写 ``rows`` 行、删掉，再 2 个写入进程写同样多、删掉。
+
+    整套基准把全部行留在 L0 里、写完才合并；服务里 L0 每分钟合并一次，写入时库里是已合并的段。这里量的是后者：
+    已有 ``existing`` 个分块（共享 HNSW 已是那么大）时再写入的速度。行号接在已有的后面，文本与向量不重复。"""
+    result: dict[str, Any] = {"rows": rows, "existing": existing}
+    for writers in (1, 2):
+        kb = _fresh_kb(f"{KB_NAME}-append")
+        start = existing + 100_000
+        docs = {start // CHUNKS_PER_DOCUMENT + number: doc_id for number, doc_id in _documents(kb, rows).items()}
+        seconds, _ = _round(kb, range(start, start + rows), writers, docs)
+        result[f"rate_{writers}"] = rows / seconds
+        drop(kb)
+        print(f"  追加写入（库里已有 {existing:,} 块、L0 已合并）：{writers} 个写入进程 {rows / seconds:,.0f} 分块/s"
+              f"（负载 {_load()}）", flush=True)
+    result["ratio"] = result["rate_2"] / result["rate_1"]
+    return result
+
+
 def build(kb: KnowledgeBase, args: argparse.Namespace, report: dict[str, Any]) -> None:
     """写入（计时）、合并（计时）、VACUUM ANALYZE；结果记进 ``report``。"""
     rows = args.rows
@@ -634,6 +654,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="结束后保留数据")
     parser.add_argument("--reuse", action="store_true",
                         help="不写入：在 --keep 留下的库上只重测大小、查询与 Lucene（--rows 要与当时相同）")
+    parser.add_argument("--append", type=int, metavar="N",
+                        help="量完大小之后，在已有的库旁边另建一个库、1 个与 2 个写入进程各写 N 行（计时，写完删掉）："
+                             "服务里写入时 L0 已合并，这个速度更接近服务")
     parser.add_argument("--json", type=Path, help="结果另存为 JSON")
     args = parser.parse_args()
     rows = args.rows
@@ -649,6 +672,8 @@ def main() -> None:
         report["maintenance"] = maintain(kb)
     report["sizes"] = sizes(kb)
     _print_sizes(report["sizes"])
+    if args.append:
+        report["append"] = append(args.append, rows)
     queries = _queries(range(0, rows), WARMUP + args.queries)
     report["queries"] = query_latency(kb, queries, args.profile)
     report["lucene"] = None if args.no_lucene else lucene(args.lucene_python, rows, queries, args.lucene_dir)
