@@ -193,7 +193,12 @@ def json_type_error(field: serializers.Field, value: Any) -> Any:
 
 def raw_length_error(field: serializers.Field, value: Any) -> Any:
     """去首尾空白的字符串字段：长度按收到的原文量。DRF 先去空白再量长度，schema 的 ``maxLength`` 说的却是请求里的
-    字符串——前后带空白、去掉后恰好不超长的值，schema 判为非法，服务端曾经照收（schemathesis 找到的不一致）。"""
+    字符串——前后带空白、去掉后恰好不超长的值，schema 判为非法，服务端曾经照收（schemathesis 找到的不一致）。
+    字符串列表（条目的 ``tags``）逐个元素同样量，错误按 DRF 列表字段的写法以下标为键。"""
+    if isinstance(field, serializers.ListField) and isinstance(value, list):
+        errors = {index: error for index, item in enumerate(value)
+                  if (error := raw_length_error(field.child, item)) is not None}
+        return errors or None
     if (isinstance(field, serializers.CharField) and field.trim_whitespace and field.max_length is not None
             and isinstance(value, str) and len(value) > field.max_length):
         return [DrfErrorDetail(field.error_messages["max_length"].format(max_length=field.max_length),
