@@ -27,7 +27,7 @@ ACCEPT_WAIT_SECONDS = 30.0
 # 本服务管理的服务器参数写在数据目录的这个文件里（write_server_settings）
 SETTINGS_FILE = "ragservice.conf"
 # shared_buffers 自动取值的上下限（MB）。PostgreSQL 默认的 128 MB 在 10 万块的库上装不下共享 HNSW 索引（约 200 MB）：
-# 每次插入沿图走几千个节点，页面在 shared_buffers 与操作系统页缓存之间来回拷贝，带向量的写入 2 GB 时快一倍多
+# 每次插入沿图走几千个节点，页面在 shared_buffers 与操作系统页缓存之间来回拷贝；自动取到 4 GB 时带向量的写入快一倍多
 # （bench/pages/fulltext_engine.md）。上限 4 GB：再大的内存留给操作系统的页缓存与模型
 SHARED_BUFFERS_MIN_MB = 128
 SHARED_BUFFERS_MAX_MB = 4096
