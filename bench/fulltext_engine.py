@@ -146,6 +146,7 @@ from bench.fulltext_scale import (  # noqa: E402
     build_statistics,
 )
 from documents.filters import SearchFilters  # noqa: E402
+from documents.ingestion import shared_ann_for_new_chunks  # noqa: E402
 from documents.models import Document  # noqa: E402
 from infra.routers import search_connection  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
@@ -169,7 +170,8 @@ SEGMENTS = _segments_module()
 ENGINE = "v2 (segments)" if SEGMENTS else "v1 (postings table)"
 WARMUP = 20
 _COPY_SQL = ("COPY document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
-             " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN")
+             " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at, shared_ann)"
+             " FROM STDIN")
 
 
 def _engine_files() -> dict[str, str]:
@@ -241,10 +243,13 @@ def _writer(kb_id: uuid.UUID, seeds: range, docs: dict[int, uuid.UUID], triggers
         with transaction.atomic(), connection.cursor() as cursor:
             if not triggers:
                 cursor.execute("SET LOCAL session_replication_role = replica")
+            # 与服务的写入（documents.ingestion.copy_chunks）同一个决定：知识库有自己的可用索引时不进共享索引
+            shared_ann = shared_ann_for_new_chunks(cursor, kb_id)
             with cursor.cursor.copy(_COPY_SQL) as copy:
                 for seed, text, embedding, vector, length in batch:
                     copy.write_row((kb_id, docs[seed // CHUNKS_PER_DOCUMENT], seed % CHUNKS_PER_DOCUMENT, text, "{}",
-                                    embedding, DIM, "chunk", len(text), "", vector, length, "2026-01-01T00:00:00Z"))
+                                    embedding, DIM, "chunk", len(text), "", vector, length, "2026-01-01T00:00:00Z",
+                                    shared_ann))
     results.put((started, time.monotonic(), len(prepared), terms_seconds))
     connection.close()
 

@@ -36,7 +36,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from documents.models import Document, DocumentChunk
+from documents.models import Document, DocumentChunk, kb_index_name
 from documents.sandbox import parse_isolated, parse_limits
 from documents.vector_stash import vectors_discard, vectors_stash, vectors_unstash
 from infra import metrics
@@ -388,8 +388,22 @@ FULLTEXT_COMPACT_TASK_FUNC = "ops.tasks.compact_fulltext"
 
 _COPY_SQL = (
     "COPY document_chunks (id, knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding, "
-    "embedding_dim, role, parent_id, token_count, text_hash, search_vector, search_length, created_at) FROM STDIN"
+    "embedding_dim, role, parent_id, token_count, text_hash, search_vector, search_length, created_at, shared_ann)"
+    " FROM STDIN"
 )
+
+
+def shared_ann_for_new_chunks(cursor: Any, kb_id: Any) -> bool:
+    """这个事务里写进知识库 ``kb_id`` 的分块要不要进共享 HNSW 索引：知识库自己的索引（search.ann）可用时不进。
+
+    先锁表（ROW EXCLUSIVE，与写入本来要拿的锁相同，不阻塞别的写入），再看索引：删索引用 ``DROP INDEX CONCURRENTLY``，
+    它先把索引标成不可用、再等所有持有表锁的事务结束。所以这里看到“可用”时，索引在本事务提交之前不会消失；
+    看到“不可用”的写进共享索引，照样能被找到。检索一侧见 ``search.retrieval.SearchPlan.exact``。
+    """
+    cursor.execute("LOCK TABLE document_chunks IN ROW EXCLUSIVE MODE")
+    cursor.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+                   " WHERE c.relname = %s AND i.indisvalid AND i.indisready)", [kb_index_name(kb_id)])
+    return bool(cursor.fetchone()[0])
 
 
 def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
@@ -402,9 +416,10 @@ def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
             [len(drafts)],
         )
         ids = [row[0] for row in cursor.fetchall()]
+        shared_ann = shared_ann_for_new_chunks(cursor, run.kb.pk)
         with cursor.cursor.copy(_COPY_SQL) as copy:
             for row in build_rows(run, parsed, drafts, vectors, ids):
-                copy.write_row(row)
+                copy.write_row((*row, shared_ann))
     _count_for_compaction(run.kb.pk, len(drafts))
 
 

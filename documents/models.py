@@ -30,13 +30,20 @@ HNSW_EF_CONSTRUCTION = 64
 
 
 def hnsw_index(dim: int) -> HnswIndex:
+    """按维度的共享 HNSW 索引：只收 ``shared_ann`` 的分块（见 :class:`DocumentChunk` 的这一列）。"""
     return HnswIndex(
         OpClass(Cast("embedding", VectorField(dimensions=dim)), name="vector_cosine_ops"),
         name=f"document_chunks_hnsw_{dim}",
         m=HNSW_M,
         ef_construction=HNSW_EF_CONSTRUCTION,
-        condition=Q(embedding_dim=dim),
+        condition=Q(embedding_dim=dim, shared_ann=True),
     )
+
+
+def kb_index_name(kb_id: uuid.UUID) -> str:
+    """知识库自己的 HNSW 索引名（63 字节以内）。索引由 ``search.ann`` 建、删与使用；名字定在这里，因为写入分块时
+    要看这个索引在不在（:func:`documents.ingestion.copy_chunks`），而 documents 层不导入 search。"""
+    return f"document_chunks_ann_{kb_id.hex}"
 
 
 class Document(JobTarget, models.Model):
@@ -155,6 +162,11 @@ class DocumentChunk(models.Model):
     search_vector = models.TextField("全文索引（tsvector 文本）", null=True, blank=True)  # noqa: DJ001
     # search_vector 里的词数（标题 + 正文）：BM25 的文档长度；知识库级统计由数据库触发器维护（见 search.bm25）
     search_length = models.PositiveIntegerField("全文词数", db_default=0)
+    # 分块是否进按维度的共享 HNSW 索引（它的部分条件）。知识库有了自己的可用索引（search.ann）之后写进来的分块为假：
+    # 它们只进自己那张图。否则每块要插两张图，10 万块的库有自己的索引时写入只有没有它时的三分之一（bench/README.md）。
+    # 共享索引只在知识库自己的索引缺失时才被用到；那时库里若有为假的分块，检索改走精确扫描
+    # （search.retrieval.SearchPlan；改压缩方式时新图建在旧图旁边，不会缺）
+    shared_ann = models.BooleanField("进共享向量索引", db_default=True, editable=False)
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
 
     class Meta:
@@ -173,6 +185,8 @@ class DocumentChunk(models.Model):
         indexes = [
             models.Index(fields=["knowledge_base"], name="document_chunks_kb_idx"),
             models.Index(fields=["parent"], name="document_chunks_parent_idx"),
+            # 只收不在共享索引里的分块：检索一次探查就知道知识库有没有这样的分块（去重后每行约几个字节）
+            models.Index(fields=["knowledge_base"], name="document_chunks_detached_idx", condition=Q(shared_ann=False)),
             *[hnsw_index(dim) for dim in SUPPORTED_DIMENSIONS],
         ]
 

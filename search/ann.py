@@ -12,13 +12,19 @@
 2. 知识库有建好的（``indisvalid``）自己的索引：走它（ef_search 取 :func:`ef_search_floor` 与候选数两倍的较大者）。
    ``vector_compression`` 为 halfvec / binary 时索引里存压缩向量，按压缩距离多取几倍候选（``RAG_ANN_OVERSAMPLE``、
    ``RAG_ANN_BINARY_OVERSAMPLE``），再用堆里的 float32 向量精确重排；
-3. 否则走共享索引的迭代扫描（``RAG_HNSW_EF_SEARCH``；自己的索引还没建好）。
+3. 否则走共享索引的迭代扫描（``RAG_HNSW_EF_SEARCH``；自己的索引还没建好）。知识库里有不在共享索引里的分块时
+   （下一段）这一步换成精确扫描（``search.retrieval.SearchPlan.exact``）。
 
 2、3 在候选数不够时（过滤太严）都退回精确扫描，候选数永远拿满。
 
 自己的索引由 :func:`kb_indexes_sync` 维护（django-q2 定时任务）：分块数越过 ``RAG_ANN_KB_INDEX_MIN_CHUNKS`` 的
 知识库 ``CREATE INDEX CONCURRENTLY``，建索引期间写入不受阻塞、检索继续走 3；知识库删除或缩到阈值一半以下时删掉。
-共享索引于是只服务“自己的索引还没建好”的那段时间。
+共享索引于是只服务“自己的索引还没建好”的那段时间，所以自己的索引可用之后写进来的分块不再进共享索引
+（``documents.models.DocumentChunk.shared_ann``，由 ``documents.ingestion.shared_ann_for_new_chunks`` 在写入事务里
+决定）：每块只插一张图，10 万块的库上 1 个写入进程 152~184 → 356~393 块/s（bench/pages/fulltext_engine.md）。
+这样的知识库没有可用的自己的索引时只能精确扫描（``search.retrieval.SearchPlan.exact``），所以改压缩方式时新图建在
+旧图旁边、建好才换下旧图（:func:`kb_index_build`）；剩下的情形是缩到阈值一半以下删掉了索引（那时默认设置下本来就
+精确扫描）、换图时删旧图与改名之间的一瞬、有人手工删了索引。
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from documents.models import HNSW_M, Document
+from documents.models import HNSW_M, Document, kb_index_name
 from infra.locks import advisory_lock
 from infra.routers import search_connection
 from knowledge.models import KnowledgeBase
@@ -62,9 +68,12 @@ _OPCLASS_COMPRESSION = {opclass: compression for compression, (_, opclass, _) in
 KB_INDEX_EF_CONSTRUCTION = 200
 
 
-def kb_index_name(kb_id: uuid.UUID) -> str:
-    """知识库自己的 HNSW 索引名（63 字节以内）。"""
-    return f"document_chunks_ann_{kb_id.hex}"
+_REBUILD_SUFFIX = "_rebuild"
+
+
+def kb_index_rebuild_name(kb_id: uuid.UUID) -> str:
+    """换压缩方式时新图先用的名字（:func:`kb_index_build`）：建好、删掉旧图之后改名为 :func:`kb_index_name`。"""
+    return kb_index_name(kb_id) + _REBUILD_SUFFIX
 
 
 def kb_index_lock_key(kb_id: uuid.UUID) -> str:
@@ -128,14 +137,15 @@ def _center_literal(kb: KnowledgeBase) -> str:
     return f"'{value}'"
 
 
-def kb_index_sql(kb: KnowledgeBase, *, concurrently: bool = True) -> str:
-    """建知识库自己的部分 HNSW 索引的 SQL；谓词与 :func:`ann_search` 的查询条件字面一致，规划器才会选它。"""
+def kb_index_sql(kb: KnowledgeBase, *, concurrently: bool = True, name: str = "") -> str:
+    """建知识库自己的部分 HNSW 索引的 SQL（``name`` 默认是 :func:`kb_index_name`）；谓词与 :func:`ann_search` 的
+    查询条件字面一致，规划器才会选它。"""
     compression = KnowledgeBase.VectorCompression(kb.vector_compression)
     expression, opclass, _ = _COMPRESSION_SQL[compression]
     dim = int(kb.embedding_dimension)
     center = _center_literal(kb) if compression == KnowledgeBase.VectorCompression.BINARY else ""
     return (
-        f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {kb_index_name(kb.id)}"
+        f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {name or kb_index_name(kb.id)}"
         f" ON document_chunks USING hnsw ({expression.format(dim=dim, center=center)} {opclass})"
         f" WITH (m = {HNSW_M}, ef_construction = {KB_INDEX_EF_CONSTRUCTION})"
         f" WHERE {_kb_predicate(kb)}"
@@ -153,7 +163,9 @@ def kb_index_build(*, kb: KnowledgeBase) -> bool:
 
     必须在事务之外调用（CONCURRENTLY 的要求）。两个 worker 同时处理同一知识库时只有拿到 advisory lock 的那个建；
     先拿锁再看索引状态：持锁的会话还在建的索引同样是“无效”的，不拿锁就看会把它当成失败的残留删掉。
-    上次失败留下的无效索引（建它的会话已不在、锁已释放）、或压缩方式已改的旧索引先删掉。
+    上次失败留下的无效索引（建它的会话已不在、锁已释放）先删掉。压缩方式改了的：新图以
+    :func:`kb_index_rebuild_name` 建在旧图旁边，建好才删旧图、改名——建图期间（百万块要几十分钟）检索照旧走旧图，
+    库里不在共享索引里的分块（``documents.models.DocumentChunk.shared_ann``）只有它找得到，先删掉就只能精确扫描。
     """
     with advisory_lock(kb_index_lock_key(kb.id)) as acquired:
         if not acquired:
@@ -162,13 +174,21 @@ def kb_index_build(*, kb: KnowledgeBase) -> bool:
         state = kb_index_state(kb.id)
         if state and state.valid and state.compression == kb.vector_compression:
             return False
+        name, rebuild = kb_index_name(kb.id), kb_index_rebuild_name(kb.id)
         with connection.cursor() as cursor:
-            if state:
-                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {state.name}")
+            # 上次换图中途（建新图时、或删旧图与改名之间）被打断留下的新图，不论是否建好都重来
+            cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {rebuild}")
+            if state and not state.valid:
+                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
             # 一次建完整张图需要的内存：向量本身加邻居表，按行数估计，超过上限时 pgvector 退化为逐行插入（慢很多）
             cursor.execute("SELECT set_config('maintenance_work_mem', %s, false)",
                            [f"{settings.ANN_BUILD_MEMORY_MB}MB"])
-            cursor.execute(kb_index_sql(kb))
+            if state and state.valid:
+                cursor.execute(kb_index_sql(kb, name=rebuild))
+                cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                cursor.execute(f"ALTER INDEX {rebuild} RENAME TO {name}")
+            else:
+                cursor.execute(kb_index_sql(kb))
             cursor.execute("RESET maintenance_work_mem")
         logger.info("ann_kb_index_built", knowledge_base_id=str(kb.id), compression=kb.vector_compression)
         return True
@@ -181,9 +201,12 @@ def kb_index_drop(*, kb_id: uuid.UUID) -> bool:
             # 知识库刚删除或刚缩小而索引还在建：等它建完，下一轮同步再删
             logger.info("ann_kb_index_busy", knowledge_base_id=str(kb_id))
             return False
-        if kb_index_state(kb_id) is None:
-            return False
         with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_class WHERE relname = ANY(%s)",
+                           [[kb_index_name(kb_id), kb_index_rebuild_name(kb_id)]])
+            if not cursor.fetchone()[0]:
+                return False
+            cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {kb_index_rebuild_name(kb_id)}")
             cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {kb_index_name(kb_id)}")
     logger.info("ann_kb_index_dropped", knowledge_base_id=str(kb_id))
     return True
@@ -214,7 +237,9 @@ def kb_indexes_sync() -> dict[str, list[str]]:
         elif name in existing and chunks >= settings.ANN_KB_INDEX_MIN_CHUNKS // 2:
             keep.add(name)  # 滞回：在阈值附近上下波动的知识库不反复建删
     for name in sorted(existing - keep):
-        kb_id = uuid.UUID(name.removeprefix("document_chunks_ann_"))
+        kb_id = uuid.UUID(name.removeprefix("document_chunks_ann_").removesuffix(_REBUILD_SUFFIX))
+        if kb_index_name(kb_id) in keep:
+            continue  # 要留的知识库换图中途留下的新图：下一次 kb_index_build 处理它
         if kb_index_drop(kb_id=kb_id):
             dropped.append(str(kb_id))
     return {"built": built, "dropped": dropped}
@@ -240,8 +265,9 @@ def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[An
     else:
         method = "hnsw"
         distance = _COMPRESSION_SQL[KnowledgeBase.VectorCompression.NONE][2].format(dim=dim, q="%s")
+        # 条件与共享索引的部分条件字面一致（documents.models.hnsw_index），规划器才会选它
         sql = (f"SELECT c.id, {distance} AS distance FROM document_chunks c"
-               f" WHERE c.embedding_dim = {dim} AND {scope} ORDER BY distance LIMIT %s")
+               f" WHERE c.embedding_dim = {dim} AND c.shared_ann AND {scope} ORDER BY distance LIMIT %s")
         rows = _run(conn, sql, [query, *params, limit], max(settings.HNSW_EF_SEARCH, limit))
     if len(rows) < limit:
         # 迭代扫描在 max_scan_tuples 内凑不满（过滤条件太严）：退回精确扫描，候选数永远是 min(limit, 范围内行数)

@@ -66,31 +66,37 @@ def _scope_sql(kb: KnowledgeBase, filters: SearchFilters) -> tuple[str, list[Any
 @dataclass(frozen=True)
 class SearchPlan:
     """检索开始时在检索连接上读到的知识库状况：可检索分块数的估计（completed 文档的 chunk_count 之和，含父块），
-    以及它自己的 ANN 索引在这个库上的状态（没有为 None）。"""
+    它自己的 ANN 索引在这个库上的状态（没有为 None），以及它有没有不在共享索引里的分块（``detached``，
+    见 ``documents.models.DocumentChunk.shared_ann``）。"""
 
     estimate: int
     index: ann.KbIndex | None
+    detached: bool = False
 
     @property
     def exact(self) -> bool:
-        """小知识库精确扫描（召回 100%）。"""
-        return self.estimate <= settings.EXACT_SEARCH_MAX_CHUNKS
+        """小知识库精确扫描（召回 100%）。知识库有不在共享索引里的分块、自己的索引却不可用（缩小后删掉了、
+        换图时删旧图与改名之间）时也精确扫描：共享索引找不到那些分块。"""
+        own_index = self.index is not None and self.index.valid
+        return self.estimate <= settings.EXACT_SEARCH_MAX_CHUNKS or (self.detached and not own_index)
 
 
 def search_plan(kb: KnowledgeBase) -> SearchPlan:
-    """一条查询读出 :class:`SearchPlan`（每个检索请求一次往返：分块数读文档表，索引状态查系统目录，都是几十微秒）。
+    """一条查询读出 :class:`SearchPlan`（每个检索请求一次往返：分块数读文档表，索引状态查系统目录，有没有不在共享
+    索引里的分块探查一次部分索引 ``document_chunks_detached_idx``，都是几十微秒）。
 
-    两者都在 ``search_connection()`` 上读：向量查询在哪个库上执行，就看哪个库上的索引。
+    都在 ``search_connection()`` 上读：向量查询在哪个库上执行，就看哪个库上的索引与分块。
     """
     with search_connection().cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s"
-            " AND status = %s), s.valid, s.opcname, s.definition FROM (SELECT 1) one"
-            f" LEFT JOIN LATERAL ({ann.INDEX_STATE_SQL}) s ON true",
-            [kb.id, Document.Status.COMPLETED, ann.kb_index_name(kb.id)],
+            " AND status = %s), s.valid, s.opcname, s.definition,"
+            " EXISTS (SELECT 1 FROM document_chunks WHERE knowledge_base_id = %s AND NOT shared_ann)"
+            f" FROM (SELECT 1) one LEFT JOIN LATERAL ({ann.INDEX_STATE_SQL}) s ON true",
+            [kb.id, Document.Status.COMPLETED, kb.id, ann.kb_index_name(kb.id)],
         )
         row = cursor.fetchone()
-    return SearchPlan(int(row[0]), ann.kb_index_from_row(kb.id, row[1:]))
+    return SearchPlan(int(row[0]), ann.kb_index_from_row(kb.id, row[1:4]), bool(row[4]))
 
 
 def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFilters, limit: int,

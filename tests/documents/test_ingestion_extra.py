@@ -111,7 +111,7 @@ def test_dimensions_coexist_and_each_uses_its_hnsw_index(kb_factory, dim):
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(
-            f"EXPLAIN SELECT id FROM document_chunks WHERE embedding_dim = {dim} "
+            f"EXPLAIN SELECT id FROM document_chunks WHERE embedding_dim = {dim} AND shared_ann "
             f"ORDER BY embedding::vector({dim}) <=> %s::vector({dim}) LIMIT 5",
             [query],
         )
