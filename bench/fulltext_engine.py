@@ -6,6 +6,7 @@
     .venv/bin/python bench/fulltext_engine.py --rows 100000 --profile --json /tmp/v2.json     # 加合并与查询的 cProfile
     .venv/bin/python bench/fulltext_engine.py --reuse --maintained --no-lucene   # 库闲下来、维护之后再量
     .venv/bin/python bench/fulltext_engine.py --reuse --append 5000 --no-lucene   # 已有 10 万块时再写入的速度
+    .venv/bin/python bench/fulltext_engine.py --reuse --append-own 5000 --no-lucene   # 往有自己 HNSW 索引的库里写
 
 每个代码树用自己的数据目录（``RAG_DATA_DIR``）；页面 ``bench/pages/fulltext_engine.md`` 有改版前后并排的完整命令。
 
@@ -151,6 +152,7 @@ from documents.models import Document  # noqa: E402
 from infra.routers import search_connection  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from raglib.analysis import parse_query  # noqa: E402
+from search.ann import kb_index_build  # noqa: E402
 from search.retrieval import fulltext_engine, fulltext_search  # noqa: E402
 
 
@@ -617,6 +619,28 @@ def append(rows: int, existing: int) -> dict[str, Any]:
     return result
 
 
+def append_own(kb: KnowledgeBase, rows: int, existing: int) -> dict[str, Any]:
+    """往这个库本身写：服务里分块数过了 ``RAG_ANN_KB_INDEX_MIN_CHUNKS`` 的库有自己的 HNSW 索引（这里没有就先建，
+    与定时任务同一个函数），新分块只进这张图（``documents.0014``）。1 个、2 个写入进程各写 ``rows`` 行，每次写完删掉
+    这些文档、把 L0 合并掉，库回到原样。"""
+    started = time.perf_counter()
+    built = kb_index_build(kb=kb)
+    result: dict[str, Any] = {"rows": rows, "existing": existing,
+                              "index_build_seconds": time.perf_counter() - started if built else None}
+    for writers in (1, 2):
+        start = existing + 200_000
+        docs = {start // CHUNKS_PER_DOCUMENT + number: doc_id for number, doc_id in _documents(kb, rows).items()}
+        seconds, _ = _round(kb, range(start, start + rows), writers, docs)
+        result[f"rate_{writers}"] = rows / seconds
+        Document.objects.filter(id__in=docs.values()).delete()
+        if SEGMENTS:
+            SEGMENTS.compact(kb.id)
+        print(f"  写进这个库本身（{existing:,} 块、有自己的 HNSW 索引）：{writers} 个写入进程"
+              f" {rows / seconds:,.0f} 分块/s（负载 {_load()}）", flush=True)
+    result["ratio"] = result["rate_2"] / result["rate_1"]
+    return result
+
+
 def build(kb: KnowledgeBase, args: argparse.Namespace, report: dict[str, Any]) -> None:
     """写入（计时）、合并（计时）、VACUUM ANALYZE；结果记进 ``report``。"""
     rows = args.rows
@@ -662,6 +686,9 @@ def main() -> None:
     parser.add_argument("--append", type=int, metavar="N",
                         help="量完大小之后，在已有的库旁边另建一个库、1 个与 2 个写入进程各写 N 行（计时，写完删掉）："
                              "服务里写入时 L0 已合并，这个速度更接近服务")
+    parser.add_argument("--append-own", type=int, metavar="N",
+                        help="量完大小之后，往这个库本身写：先建它自己的 HNSW 索引（服务里 2 万块以上的库都有），"
+                             "1 个与 2 个写入进程各写 N 行（计时，写完删掉）")
     parser.add_argument("--json", type=Path, help="结果另存为 JSON")
     args = parser.parse_args()
     rows = args.rows
@@ -679,6 +706,8 @@ def main() -> None:
     _print_sizes(report["sizes"])
     if args.append:
         report["append"] = append(args.append, rows)
+    if args.append_own:
+        report["append_own"] = append_own(kb, args.append_own, rows)
     queries = _queries(range(0, rows), WARMUP + args.queries)
     report["queries"] = query_latency(kb, queries, args.profile)
     report["lucene"] = None if args.no_lucene else lucene(args.lucene_python, rows, queries, args.lucene_dir)
