@@ -45,8 +45,9 @@ def _rebuild(schema_editor, predicate):
             definition, valid = found.get(name, ("", False))
             if valid and ("shared_ann" in definition) == shared:
                 continue
-            if definition or not found.get(temporary, ("", False))[1]:
-                # 除非上次已建好临时索引、删掉了旧的（只差改名），都从头建：建到一半的无效临时索引先删掉
+            ready, ready_valid = found.get(temporary, ("", False))
+            if definition or not (ready_valid and ("shared_ann" in ready) == shared):
+                # 除非上次已按同一条件建好临时索引、删掉了旧的（只差改名），都从头建：建到一半的无效临时索引先删掉
                 cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {temporary}")
                 cursor.execute(f"CREATE INDEX CONCURRENTLY {temporary} ON document_chunks USING hnsw"
                                f" ((embedding::vector({dim})) vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
