@@ -36,7 +36,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from documents.models import Document, DocumentChunk, kb_index_name
+from documents.models import INDEX_STATE_SQL, Document, DocumentChunk, kb_index_name
 from documents.sandbox import parse_isolated, parse_limits
 from documents.vector_stash import vectors_discard, vectors_stash, vectors_unstash
 from infra import metrics
@@ -401,9 +401,9 @@ def shared_ann_for_new_chunks(cursor: Any, kb_id: Any) -> bool:
     看到“不可用”的写进共享索引，照样能被找到。检索一侧见 ``search.retrieval.SearchPlan.exact``。
     """
     cursor.execute("LOCK TABLE document_chunks IN ROW EXCLUSIVE MODE")
-    cursor.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
-                   " WHERE c.relname = %s AND i.indisvalid AND i.indisready)", [kb_index_name(kb_id)])
-    return bool(cursor.fetchone()[0])
+    cursor.execute(INDEX_STATE_SQL, [kb_index_name(kb_id)])
+    row = cursor.fetchone()
+    return not (row and row[0])
 
 
 def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],

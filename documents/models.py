@@ -46,6 +46,14 @@ def kb_index_name(kb_id: uuid.UUID) -> str:
     return f"document_chunks_ann_{kb_id.hex}"
 
 
+# 知识库自己的索引的状态：是否可用、操作符类（压缩方式）、定义（二值量化的中心向量在其中）。写入分块时由它决定
+# 分块进不进共享索引（documents.ingestion），检索把它并进读分块数的那条查询（search.retrieval.search_plan），
+# 建、删索引单独查（search.ann）——“可用”只在这里定义一次
+INDEX_STATE_SQL = ("SELECT i.indisvalid AND i.indisready AS valid, o.opcname, pg_get_indexdef(c.oid) AS definition"
+                   " FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+                   " JOIN pg_opclass o ON o.oid = i.indclass[0] WHERE c.relname = %s")
+
+
 class Document(JobTarget, models.Model):
     """上传到知识库的一份文档；``deleted`` 是墓碑状态，用来区分“已删除”与“从未存在”。
 

@@ -41,7 +41,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from documents.models import HNSW_M, Document, kb_index_name
+from documents.models import HNSW_M, INDEX_STATE_SQL, Document, kb_index_name
 from infra.locks import advisory_lock
 from infra.routers import search_connection
 from knowledge.models import KnowledgeBase
@@ -102,11 +102,6 @@ class KbIndex:
 _CENTER = re.compile(r"'(\[[-0-9.,e+ ]*\])'::vector")
 
 
-# 知识库索引的状态：是否可用、操作符类（压缩方式）、定义（二值量化的中心向量在其中）。检索把它并进读分块数的那条
-# 查询（``search.retrieval.search_plan``），建、删索引单独查
-INDEX_STATE_SQL = ("SELECT i.indisvalid AND i.indisready AS valid, o.opcname, pg_get_indexdef(c.oid) AS definition"
-                   " FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
-                   " JOIN pg_opclass o ON o.oid = i.indclass[0] WHERE c.relname = %s")
 
 
 def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:

@@ -17,7 +17,7 @@ import numpy as np
 from django.conf import settings
 
 from documents.filters import SearchFilters
-from documents.models import Document
+from documents.models import INDEX_STATE_SQL, Document
 from infra.routers import search_connection
 from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
 from raglib.analysis import ParsedQuery
@@ -92,7 +92,7 @@ def search_plan(kb: KnowledgeBase) -> SearchPlan:
             "SELECT (SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s"
             " AND status = %s), s.valid, s.opcname, s.definition,"
             " EXISTS (SELECT 1 FROM document_chunks WHERE knowledge_base_id = %s AND NOT shared_ann)"
-            f" FROM (SELECT 1) one LEFT JOIN LATERAL ({ann.INDEX_STATE_SQL}) s ON true",
+            f" FROM (SELECT 1) one LEFT JOIN LATERAL ({INDEX_STATE_SQL}) s ON true",
             [kb.id, Document.Status.COMPLETED, kb.id, ann.kb_index_name(kb.id)],
         )
         row = cursor.fetchone()
