@@ -435,6 +435,13 @@ ANN_BINARY_OVERSAMPLE = env_int("RAG_ANN_BINARY_OVERSAMPLE", 10,
 ANN_BUILD_MEMORY_MB = env_int("RAG_ANN_BUILD_MEMORY_MB", 1024,
                               "建知识库 HNSW 索引时的 maintenance_work_mem（MB）；图放不进时建索引慢一个数量级",
                               minimum=64)
+# 知识库自己的图按 search.ann.KB_INDEX_EF_CONSTRUCTION（200）建好之后，之后插入的分块按这个值找邻居：10 万块的库上
+# 1 个写入进程 299~327 → 405~451 块/s，后插进来的近邻找到 0.987~0.998（200 时 0.985~1.000，
+# bench/pages/ann_insert_ef.md）；设成 200 就不改
+ANN_KB_INDEX_INSERT_EF_CONSTRUCTION = env_int(
+    "RAG_ANN_KB_INDEX_INSERT_EF_CONSTRUCTION", 64,
+    "知识库自己的 HNSW 图建好之后，新插入的分块用的 ef_construction（建图仍按 200；设 200 表示不改）",
+    minimum=32, maximum=1000)
 QUERY_EMBEDDING_CACHE_SIZE = env_int("RAG_QUERY_EMBEDDING_CACHE_SIZE", 1024,
                                      "查询向量 LRU 缓存条数（0 关闭）", minimum=0)
 PARENT_WINDOW_CHARS = env_int("RAG_PARENT_WINDOW_CHARS", 2000,

@@ -22,6 +22,9 @@
 共享索引于是只服务“自己的索引还没建好”的那段时间，所以自己的索引可用之后写进来的分块不再进共享索引
 （``documents.models.DocumentChunk.shared_ann``，由 ``documents.ingestion.shared_ann_for_new_chunks`` 在写入事务里
 决定）：每块只插一张图，10 万块的库上 1 个写入进程 152~184 → 356~393 块/s（bench/pages/fulltext_engine.md）。
+自己的图按 :data:`KB_INDEX_EF_CONSTRUCTION` 建好之后，插入改用更小的 ``RAG_ANN_KB_INDEX_INSERT_EF_CONSTRUCTION``
+（默认 64，与共享索引相同）：10 万块的库上 1 个写入进程 299~327 → 405~451 块/s，后插进来的近邻找到 0.987~0.998
+（200 时 0.985~1.000）；这样插进来的节点至多占图的 1/3，库长到建图时的 1.5 倍就在旁边重建（:func:`kb_index_build`）。
 这样的知识库没有可用的自己的索引时只能精确扫描（``search.retrieval.SearchPlan.exact``），所以改压缩方式时新图建在
 旧图旁边、建好才换下旧图（:func:`kb_index_build`）；剩下的情形是缩到阈值一半以下删掉了索引（那时默认设置下本来就
 精确扫描）、换图时删旧图与改名之间的一瞬、有人手工删了索引。
@@ -38,8 +41,9 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg import errors
 
 from documents.models import HNSW_M, INDEX_STATE_SQL, Document, kb_index_name
 from infra.locks import advisory_lock
@@ -66,6 +70,18 @@ _OPCLASS_COMPRESSION = {opclass: compression for compression, (_, opclass, _) in
 # 知识库自己的图按这个 ef_construction 建：100k 分块上 64 → 200 让 ef_search=100 的召回从 0.92 升到 1.0，
 # 建索引时间约 1.8 倍（bench/README.md）
 KB_INDEX_EF_CONSTRUCTION = 200
+# 图建好之后插入改用 RAG_ANN_KB_INDEX_INSERT_EF_CONSTRUCTION（``ALTER INDEX … SET``，pgvector 插入时读索引当前的值）。
+# 改的同时在索引注释里记下图按多少建、当时的 relfilenode 与分块数。两件事靠它：
+# * 知识库长到那时的 _GRAPH_REBUILD_GROWTH 倍就在旁边按 KB_INDEX_EF_CONSTRUCTION 重建：从 2 万块长到 100 万块的库，
+#   不重建的话图里 98% 的节点是按小的值插进来的，与整张图按 64 建差不多——那样 10 万块上就有一个近邻都找不到的查询；
+# * REINDEX、VACUUM FULL、pg_dump 恢复按索引当前的（插入用的）值整张重建，都换了 relfilenode：注释对不上，同样重建。
+_GRAPH_MARK = "ragservice: graph built with ef_construction={ef}, relfilenode {node}, {chunks} chunks"
+_GRAPH_MARK_RE = re.compile(r"ragservice: graph built with ef_construction=(\d+), relfilenode (\d+), (\d+) chunks")
+# 按小的值插进来的节点至多占图的 1/3：10 万块的库先建 6.7 万块的图、再插 3.3 万块，后插进来的近邻找到的比例见
+# bench/pages/ann_insert_ef.md。库一路长大时重建的总量是最终那次的 1/(1 - 1/1.5) = 3 倍，而建图（内存里一次建完）每块
+# 约 0.3 ms，按 200 逐块插入约 2.5 ms
+_GRAPH_REBUILD_GROWTH = 1.5
+_ALTER_LOCK_TIMEOUT_MS = 200
 
 
 _REBUILD_SUFFIX = "_rebuild"
@@ -111,6 +127,65 @@ def kb_index_state(kb_id: uuid.UUID) -> KbIndex | None:
         return kb_index_from_row(kb_id, cursor.fetchone())
 
 
+def _graph_rebuild_reason(cursor: Any, name: str, chunks: int) -> str:
+    """知识库的图为什么该按建图的值在旁边重建（空串：不必）；``chunks`` 是知识库现在的分块数。"""
+    cursor.execute("SELECT c.reloptions, c.relfilenode, obj_description(c.oid, 'pg_class') FROM pg_class c"
+                   " WHERE c.relname = %s", [name])
+    options, node, comment = cursor.fetchone()
+    if _insert_ef(options) == KB_INDEX_EF_CONSTRUCTION:
+        return ""  # 插入仍按建图的值（刚建好、还没改小，或运维改回了 200）：图是完整的
+    mark = _GRAPH_MARK_RE.fullmatch(comment or "")
+    if mark is None or int(mark[1]) != KB_INDEX_EF_CONSTRUCTION or int(mark[2]) != node:
+        return "rebuilt_at_insert_ef"  # REINDEX、VACUUM FULL、pg_dump 恢复
+    if chunks > int(mark[3]) * _GRAPH_REBUILD_GROWTH:
+        return "grown"
+    return ""
+
+
+def _insert_ef(options: Sequence[str] | None) -> int:
+    # pgvector 没写 ef_construction 时取 64
+    return int(dict(option.split("=", 1) for option in options or []).get("ef_construction", 64))
+
+
+def _set_insert_ef(cursor: Any, kb_id: uuid.UUID, name: str, chunks: int) -> bool:
+    """图建好之后把插入用的 ``ef_construction`` 改成 ``RAG_ANN_KB_INDEX_INSERT_EF_CONSTRUCTION``，并在索引注释里记下
+    图按多少建、当时的 relfilenode 与分块数 ``chunks``（见 :data:`_GRAPH_MARK`）。等锁超时返回 False，下一轮同步再试；
+    在那之前插入照旧按建图的值，只是慢些。"""
+    target = settings.ANN_KB_INDEX_INSERT_EF_CONSTRUCTION
+    cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [name])
+    if _insert_ef(cursor.fetchone()[0]) == target:
+        return True
+    try:
+        with transaction.atomic():
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{_ALTER_LOCK_TIMEOUT_MS}ms"])
+            cursor.execute(f"ALTER INDEX {name} SET (ef_construction = {int(target)})")
+            # 持着索引的 AccessExclusiveLock，relfilenode 在提交之前变不了。分块数在拿锁之前数好（持锁时数会挡住检索）：
+            # 这之间插进来的还是按建图的值插的，少数几块只让下一次重建来得稍早
+            cursor.execute("SELECT relfilenode FROM pg_class WHERE relname = %s", [name])
+            mark = _GRAPH_MARK.format(ef=KB_INDEX_EF_CONSTRUCTION, node=int(cursor.fetchone()[0]), chunks=int(chunks))
+            cursor.execute(f"COMMENT ON INDEX {name} IS '{mark}'")
+    except OperationalError as exc:
+        if not isinstance(exc.__cause__, errors.LockNotAvailable):
+            raise
+        logger.info("ann_kb_index_insert_ef_deferred", knowledge_base_id=str(kb_id))
+        return False
+    logger.info("ann_kb_index_insert_ef_set", knowledge_base_id=str(kb_id), ef_construction=target)
+    return True
+
+
+def _kb_chunks(kb_id: uuid.UUID) -> int:
+    """知识库的分块数，与 :func:`kb_indexes_sync` 同一个口径（completed 文档的 ``chunk_count`` 之和）。"""
+    return _chunk_counts(kb_id).get(kb_id, 0)
+
+
+def _chunk_counts(kb_id: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT knowledge_base_id, coalesce(sum(chunk_count), 0) FROM documents"
+                       " WHERE status = %s AND (%s::uuid IS NULL OR knowledge_base_id = %s)"
+                       " GROUP BY knowledge_base_id", [Document.Status.COMPLETED, kb_id, kb_id])
+        return {kb: int(n) for kb, n in cursor.fetchall()}
+
+
 def kb_index_from_row(kb_id: uuid.UUID, row: Sequence[Any] | None) -> KbIndex | None:
     """``INDEX_STATE_SQL`` 的一行（没有索引时为 None 或全是 NULL）转成 :class:`KbIndex`。"""
     if row is None or row[1] is None:
@@ -153,7 +228,7 @@ def _kb_predicate(kb: KnowledgeBase, alias: str = "") -> str:
             f" AND {alias}embedding_dim = {int(kb.embedding_dimension)}")
 
 
-def kb_index_build(*, kb: KnowledgeBase) -> bool:
+def kb_index_build(*, kb: KnowledgeBase, chunks: int | None = None) -> bool:
     """为知识库建自己的索引（CONCURRENTLY，不阻塞写入）；已经有可用的同压缩索引时什么也不做，返回是否建了。
 
     必须在事务之外调用（CONCURRENTLY 的要求）。两个 worker 同时处理同一知识库时只有拿到 advisory lock 的那个建；
@@ -161,16 +236,25 @@ def kb_index_build(*, kb: KnowledgeBase) -> bool:
     上次失败留下的无效索引（建它的会话已不在、锁已释放）先删掉。压缩方式改了的：新图以
     :func:`kb_index_rebuild_name` 建在旧图旁边，建好才删旧图、改名——建图期间（百万块要几十分钟）检索照旧走旧图，
     库里不在共享索引里的分块（``documents.models.DocumentChunk.shared_ann``）只有它找得到，先删掉就只能精确扫描。
+    图建好之后把插入用的 ``ef_construction`` 调小（:func:`_set_insert_ef`，拿不到锁时每轮同步再试）；知识库从那时起
+    长大了一半、或图被别人按调小的值整张重建过（见 :data:`_GRAPH_MARK`）的，同样在旁边按建图的值重建。
+    ``chunks`` 是知识库的分块数（定时同步已经数过；不给就数一次）。
     """
     with advisory_lock(kb_index_lock_key(kb.id)) as acquired:
         if not acquired:
             logger.info("ann_kb_index_busy", knowledge_base_id=str(kb.id))
             return False
         state = kb_index_state(kb.id)
-        if state and state.valid and state.compression == kb.vector_compression:
-            return False
         name, rebuild = kb_index_name(kb.id), kb_index_rebuild_name(kb.id)
+        chunks = _kb_chunks(kb.id) if chunks is None else chunks
         with connection.cursor() as cursor:
+            if state and state.valid and state.compression == kb.vector_compression:
+                reason = _graph_rebuild_reason(cursor, name, chunks)
+                if not reason:
+                    _set_insert_ef(cursor, kb.id, name, chunks)
+                    return False
+                # 下面在旁边按建图的值重建，建好才换下
+                logger.info("ann_kb_index_graph_rebuild", knowledge_base_id=str(kb.id), reason=reason)
             # 上次换图中途（建新图时、或删旧图与改名之间）被打断留下的新图，不论是否建好都重来
             cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {rebuild}")
             if state and not state.valid:
@@ -185,6 +269,7 @@ def kb_index_build(*, kb: KnowledgeBase) -> bool:
             else:
                 cursor.execute(kb_index_sql(kb))
             cursor.execute("RESET maintenance_work_mem")
+            _set_insert_ef(cursor, kb.id, name, chunks)
         logger.info("ann_kb_index_built", knowledge_base_id=str(kb.id), compression=kb.vector_compression)
         return True
 
@@ -213,11 +298,8 @@ def kb_indexes_sync() -> dict[str, list[str]]:
     幂等，可被定时任务反复调用：一次调用里串行建，每个索引建完才建下一个。分块数取自 completed 文档的
     ``chunk_count``（与检索选择精确扫描用的是同一个估计）。
     """
-    counts: dict[uuid.UUID, int] = {}
+    counts = _chunk_counts()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT knowledge_base_id, coalesce(sum(chunk_count), 0) FROM documents"
-                       " WHERE status = %s GROUP BY knowledge_base_id", [Document.Status.COMPLETED])
-        counts = {kb_id: int(n) for kb_id, n in cursor.fetchall()}
         cursor.execute("SELECT c.relname FROM pg_class c WHERE c.relkind = 'i' AND c.relname LIKE %s",
                        ["document_chunks\\_ann\\_%"])
         existing = {row[0] for row in cursor.fetchall()}
@@ -227,7 +309,7 @@ def kb_indexes_sync() -> dict[str, list[str]]:
         name = kb_index_name(kb.id)
         if chunks >= settings.ANN_KB_INDEX_MIN_CHUNKS:
             keep.add(name)
-            if kb_index_build(kb=kb):
+            if kb_index_build(kb=kb, chunks=chunks):
                 built.append(str(kb.id))
         elif name in existing and chunks >= settings.ANN_KB_INDEX_MIN_CHUNKS // 2:
             keep.add(name)  # 滞回：在阈值附近上下波动的知识库不反复建删
