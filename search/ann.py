@@ -79,8 +79,10 @@ _GRAPH_MARK = "ragservice: graph built with ef_construction={ef}, relfilenode {n
 _GRAPH_MARK_RE = re.compile(r"ragservice: graph built with ef_construction=(\d+), relfilenode (\d+), (\d+) chunks")
 # 按小的值插进来的节点至多占图的 1/3：10 万块的库先建 6.7 万块的图、再插 3.3 万块，后插进来的近邻找到的比例见
 # bench/pages/ann_insert_ef.md。库一路长大时重建的总量是最终那次的 1/(1 - 1/1.5) = 3 倍，而建图（内存里一次建完）每块
-# 约 0.3 ms，按 200 逐块插入约 2.5 ms
+# 约 0.3 ms，按 200 逐块插入约 2 ms
 _GRAPH_REBUILD_GROWTH = 1.5
+# ALTER INDEX … SET 要拿索引的 AccessExclusiveLock；等锁期间后来的检索（规划时要在表的每个索引上拿 AccessShareLock）
+# 都排在它后面。只等这么久，拿不到（有长的写入事务）就留给下一轮同步
 _ALTER_LOCK_TIMEOUT_MS = 200
 
 
