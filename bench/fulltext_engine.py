@@ -622,12 +622,16 @@ def append(rows: int, existing: int) -> dict[str, Any]:
 def append_own(kb: KnowledgeBase, rows: int, existing: int) -> dict[str, Any]:
     """往这个库本身写：服务里分块数过了 ``RAG_ANN_KB_INDEX_MIN_CHUNKS`` 的库有自己的 HNSW 索引（这里没有就先建，
     与定时任务同一个函数），新分块只进这张图（``documents.0014``）。1 个、2 个写入进程各写 ``rows`` 行，每次写完删掉
-    这些文档、把 L0 合并掉，库回到原样。"""
+    这些文档、把 L0 合并掉，库回到原样。
+
+    每次写之前先 VACUUM（不计时）：前一次删掉的行攒够了会让 autovacuum 在写入中途去扫两张 HNSW 图，同样的交替五轮
+    1 个写入进程 251~640 块/s，分不出两种设置（bench/pages/fulltext_engine.md）。"""
     started = time.perf_counter()
     built = kb_index_build(kb=kb)
     result: dict[str, Any] = {"rows": rows, "existing": existing,
                               "index_build_seconds": time.perf_counter() - started if built else None}
     for writers in (1, 2):
+        vacuum()
         start = existing + 200_000
         docs = {start // CHUNKS_PER_DOCUMENT + number: doc_id for number, doc_id in _documents(kb, rows).items()}
         seconds, _ = _round(kb, range(start, start + rows), writers, docs)
