@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from django.db import connection, transaction
 from django_q.conf import Conf
 from rest_framework.test import APIClient
 
@@ -47,6 +48,24 @@ def _compact_fulltext_at_once(settings: Any) -> None:
     """每写入一个文档就把全文 L0 合并成段（生产环境攒够 RAG_FULLTEXT_L0_MAX_CHUNKS 才合并）：检索的测试因此走段里的
     倒排；不执行提交回调的测试、以及专门的测试（tests/search/test_segments.py）照样覆盖只在 L0 里的分块。"""
     settings.FULLTEXT_L0_MAX_CHUNKS = 1
+
+
+@pytest.fixture(autouse=True)
+def _engine_tables_flushed(request: pytest.FixtureRequest, django_db_blocker: Any) -> Iterator[None]:
+    """transaction=True 的测试结束时清空全文引擎的裸表（L0、段、删除集……）：它们不是 Django 的模型，Django 在测试
+    之间的 flush 清不到，留下的行会让同一个进程里后面的测试看到别人的数据（随 xdist 分到的顺序时有时无）。"""
+    yield
+    marker = request.node.get_closest_marker("django_db")
+    if not ((marker is not None and marker.kwargs.get("transaction"))
+            or {"transactional_db", "live_server"} & set(request.fixturenames)):
+        return
+    with django_db_blocker.unblock(), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '10s'")  # 有人还持着锁就报错，不要挂住整个测试进程
+        cursor.execute("SELECT string_agg(quote_ident(relname), ', ') FROM pg_class WHERE relkind = 'r'"
+                       " AND relnamespace = 'public'::regnamespace AND relname LIKE 'fulltext\\_%'")
+        tables = cursor.fetchone()[0]
+        if tables:
+            cursor.execute(f"TRUNCATE {tables}")
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from knowledge.models import KnowledgeBase
-from search import ann, segments
+from search import ann
 from tests.search.test_vector_recall import DIM, _bulk_load, _clustered_vectors
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +30,6 @@ def big_kb(settings: Any) -> Iterator[KnowledgeBase]:
         yield kb
     finally:
         ann.kb_index_drop(kb_id=kb.id)
-        segments.drop(kb.id)  # L0 不是 Django 的表，flush 清不掉：不给后面的测试留下 L0 行
 
 
 def _graph(kb: KnowledgeBase) -> tuple[str, str | None, int]:
