@@ -147,12 +147,12 @@ from bench.fulltext_scale import (  # noqa: E402
     build_statistics,
 )
 from documents.filters import SearchFilters  # noqa: E402
-from documents.ingestion import shared_ann_for_new_chunks  # noqa: E402
-from documents.models import Document  # noqa: E402
+from documents.ingestion import ann_placement  # noqa: E402
+from documents.models import Document, DocumentChunk  # noqa: E402
 from infra.routers import search_connection  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from raglib.analysis import parse_query  # noqa: E402
-from search.ann import kb_index_build  # noqa: E402
+from search.ann import flush_pending, kb_index_build  # noqa: E402
 from search.retrieval import fulltext_engine, fulltext_search  # noqa: E402
 
 
@@ -172,7 +172,8 @@ SEGMENTS = _segments_module()
 ENGINE = "v2 (segments)" if SEGMENTS else "v1 (postings table)"
 WARMUP = 20
 _COPY_SQL = ("COPY document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
-             " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at, shared_ann)"
+             " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at, shared_ann,"
+             " ann_pending)"
              " FROM STDIN")
 
 
@@ -245,13 +246,14 @@ def _writer(kb_id: uuid.UUID, seeds: range, docs: dict[int, uuid.UUID], triggers
         with transaction.atomic(), connection.cursor() as cursor:
             if not triggers:
                 cursor.execute("SET LOCAL session_replication_role = replica")
-            # 与服务的写入（documents.ingestion.copy_chunks）同一个决定：知识库有自己的可用索引时不进共享索引
-            shared_ann = shared_ann_for_new_chunks(cursor, kb_id)
+            # 与服务的写入（documents.ingestion.copy_chunks）同一个决定：知识库有自己的可用索引时不进共享索引，
+            # 攒着的不到 RAG_ANN_PENDING_MAX_CHUNKS 时先不进图
+            placement = ann_placement(cursor, kb_id, len(batch))
             with cursor.cursor.copy(_COPY_SQL) as copy:
                 for seed, text, embedding, vector, length in batch:
                     copy.write_row((kb_id, docs[seed // CHUNKS_PER_DOCUMENT], seed % CHUNKS_PER_DOCUMENT, text, "{}",
                                     embedding, DIM, "chunk", len(text), "", vector, length, "2026-01-01T00:00:00Z",
-                                    shared_ann))
+                                    placement.shared, placement.pending))
     results.put((started, time.monotonic(), len(prepared), terms_seconds))
     connection.close()
 
@@ -636,11 +638,19 @@ def append_own(kb: KnowledgeBase, rows: int, existing: int) -> dict[str, Any]:
         docs = {start // CHUNKS_PER_DOCUMENT + number: doc_id for number, doc_id in _documents(kb, rows).items()}
         seconds, _ = _round(kb, range(start, start + rows), writers, docs)
         result[f"rate_{writers}"] = rows / seconds
+        # 暂不进图的分块（RAG_ANN_PENDING_MAX_CHUNKS）：服务里由后台任务插进图，这里写完之后同一个函数插，单独计时
+        pending = DocumentChunk.objects.filter(knowledge_base_id=kb.id, ann_pending=True).count()
+        started = time.perf_counter()
+        flushed = flush_pending(kb_id=kb.id)
+        flush_seconds = time.perf_counter() - started
+        result[f"pending_{writers}"] = pending
+        result[f"flush_rate_{writers}"] = flushed / flush_seconds if flushed else None
         Document.objects.filter(id__in=docs.values()).delete()
         if SEGMENTS:
             SEGMENTS.compact(kb.id)
+        flush_note = f"；其中 {pending:,} 块暂不进图，之后插图 {flushed / flush_seconds:,.0f} 块/s" if flushed else ""
         print(f"  写进这个库本身（{existing:,} 块、有自己的 HNSW 索引）：{writers} 个写入进程"
-              f" {rows / seconds:,.0f} 分块/s（负载 {_load()}）", flush=True)
+              f" {rows / seconds:,.0f} 分块/s{flush_note}（负载 {_load()}）", flush=True)
     result["ratio"] = result["rate_2"] / result["rate_1"]
     return result
 

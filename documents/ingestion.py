@@ -36,7 +36,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from documents.models import INDEX_STATE_SQL, Document, DocumentChunk, kb_index_name
+from documents.models import INDEX_STATE_SQL, Document, DocumentChunk, graph_excludes_pending, kb_index_name
 from documents.sandbox import parse_isolated, parse_limits
 from documents.vector_stash import vectors_discard, vectors_stash, vectors_unstash
 from infra import metrics
@@ -385,25 +385,46 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
 
 # 全文 L0 的合并由任务层执行（``ops.tasks.compact_fulltext``，它调用 search 的引擎）；这里按名字入队，不导入上层
 FULLTEXT_COMPACT_TASK_FUNC = "ops.tasks.compact_fulltext"
+# 暂不进图的分块由任务层插进知识库自己的图（``ops.tasks.flush_vector_pending``，它调用 search.ann），同样按名字入队
+VECTOR_FLUSH_TASK_FUNC = "ops.tasks.flush_vector_pending"
 
 _COPY_SQL = (
     "COPY document_chunks (id, knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding, "
-    "embedding_dim, role, parent_id, token_count, text_hash, search_vector, search_length, created_at, shared_ann)"
+    "embedding_dim, role, parent_id, token_count, text_hash, search_vector, search_length, created_at, shared_ann,"
+    " ann_pending)"
     " FROM STDIN"
 )
 
 
-def shared_ann_for_new_chunks(cursor: Any, kb_id: Any) -> bool:
-    """这个事务里写进知识库 ``kb_id`` 的分块要不要进共享 HNSW 索引：知识库自己的索引（search.ann）可用时不进。
+@dataclass(frozen=True)
+class AnnPlacement:
+    """这个事务里写进一个知识库的分块进哪张 HNSW 图（写进 ``shared_ann``、``ann_pending`` 两列）。"""
+
+    shared: bool  # 进按维度的共享图
+    pending: bool  # 先不进知识库自己的图，由后台任务插进去（检索时精确扫描）
+
+
+def ann_placement(cursor: Any, kb_id: Any, chunks: int) -> AnnPlacement:
+    """这个事务里写进知识库 ``kb_id`` 的 ``chunks`` 个分块进哪张图：知识库自己的索引可用时不进共享图；
+    自己的图的部分条件排除了还没进图的分块、而且库里这样的分块加上这一批不超过 ``RAG_ANN_PENDING_MAX_CHUNKS`` 时，
+    这一批先不进图（``DocumentChunk.ann_pending``）。
 
     先锁表（ROW EXCLUSIVE，与写入本来要拿的锁相同，不阻塞别的写入），再看索引：删索引用 ``DROP INDEX CONCURRENTLY``，
     它先把索引标成不可用、再等所有持有表锁的事务结束。所以这里看到“可用”时，索引在本事务提交之前不会消失；
     看到“不可用”的写进共享索引，照样能被找到。检索一侧见 ``search.retrieval.SearchPlan.exact``。
+    两个写入同时数到还差一点攒满时会一起标记，上限因此可能略微超出（最多多出并发写入的那几批）。
     """
     cursor.execute("LOCK TABLE document_chunks IN ROW EXCLUSIVE MODE")
     cursor.execute(INDEX_STATE_SQL, [kb_index_name(kb_id)])
     row = cursor.fetchone()
-    return not (row and row[0])
+    if not (row and row[0]):
+        return AnnPlacement(shared=True, pending=False)
+    limit = settings.ANN_PENDING_MAX_CHUNKS - chunks
+    if limit < 0 or not graph_excludes_pending(row[2]):
+        return AnnPlacement(shared=False, pending=False)
+    cursor.execute("SELECT count(*) FROM (SELECT 1 FROM document_chunks WHERE knowledge_base_id = %s AND ann_pending"
+                   " LIMIT %s) p", [kb_id, limit + 1])
+    return AnnPlacement(shared=False, pending=cursor.fetchone()[0] <= limit)
 
 
 def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
@@ -416,29 +437,39 @@ def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
             [len(drafts)],
         )
         ids = [row[0] for row in cursor.fetchall()]
-        shared_ann = shared_ann_for_new_chunks(cursor, run.kb.pk)
+        placement = ann_placement(cursor, run.kb.pk, len(drafts))
         with cursor.cursor.copy(_COPY_SQL) as copy:
             for row in build_rows(run, parsed, drafts, vectors, ids):
-                copy.write_row((*row, shared_ann))
-    _count_for_compaction(run.kb.pk, len(drafts))
+                copy.write_row((*row, placement.shared, placement.pending))
+    if _counted(_unmerged_chunks, run.kb.pk, len(drafts), settings.FULLTEXT_L0_MAX_CHUNKS):
+        # 由任务判断 L0 是否真的攒够了；不够的交给每分钟的定时任务
+        enqueue(FULLTEXT_COMPACT_TASK_FUNC, str(run.kb.pk), due_only=True, cluster=settings.FAST_QUEUE)
+    if placement.pending and _counted(_pending_chunks, run.kb.pk, len(drafts), _flush_batch()):
+        enqueue(VECTOR_FLUSH_TASK_FUNC, str(run.kb.pk), cluster=settings.FAST_QUEUE)
 
 
-# 本进程写进各知识库、还没为之排过合并的分块数（见 _count_for_compaction）
+# 本进程写进各知识库、还没为之排过合并的分块数，与还没为之排过“插进图里”的暂不进图的分块数（见 _counted）
 _unmerged_chunks: dict[Any, int] = {}
+_pending_chunks: dict[Any, int] = {}
 
 
-def _count_for_compaction(kb_id: Any, chunks: int) -> None:
-    """新分块由触发器记进全文引擎的 L0。本进程为一个知识库写够 ``RAG_FULLTEXT_L0_MAX_CHUNKS`` 个分块就（在提交后）
-    排一次合并任务，由任务判断 L0 是否真的攒够了；不够的交给每分钟的定时任务。
+def _flush_batch() -> int:
+    # 攒到上限的四分之一就排一次：后台插图与写入同时进行，检索要精确扫描的分块一般远不到上限
+    return max(1, settings.ANN_PENDING_MAX_CHUNKS // 4)
+
+
+def _counted(counts: dict[Any, int], kb_id: Any, chunks: int, threshold: int) -> bool:
+    """本进程为知识库 ``kb_id`` 又写了 ``chunks`` 个分块：累计够 ``threshold`` 个就清零并返回真，调用方（在提交后）
+    排一次后台任务；不够的交给每分钟的定时任务。
 
     按进程计数而不是每次写入都排：批量写入一千个条目就是一千次提交，每次排一个任务会塞满快队列。
     """
-    count = _unmerged_chunks.get(kb_id, 0) + chunks
-    if count < settings.FULLTEXT_L0_MAX_CHUNKS:
-        _unmerged_chunks[kb_id] = count
-        return
-    _unmerged_chunks.pop(kb_id, None)
-    enqueue(FULLTEXT_COMPACT_TASK_FUNC, str(kb_id), due_only=True, cluster=settings.FAST_QUEUE)
+    count = counts.get(kb_id, 0) + chunks
+    if count < threshold:
+        counts[kb_id] = count
+        return False
+    counts.pop(kb_id, None)
+    return True
 
 
 def lock_knowledge_base_for_write(kb: KnowledgeBase) -> KnowledgeBase:

@@ -54,6 +54,16 @@ INDEX_STATE_SQL = ("SELECT i.indisvalid AND i.indisready AS valid, o.opcname, pg
                    " JOIN pg_opclass o ON o.oid = i.indclass[0] WHERE c.relname = %s")
 
 
+# 知识库自己的图的部分条件里排除还没进图的分块（``DocumentChunk.ann_pending``）的那一项：search.ann 建图时写进去，
+# 写入与检索都看图的定义里有没有它。没有它的是 documents.0015 之前建的图，写入时照旧直接进图，直到定时同步在旁边重建
+GRAPH_PENDING_CLAUSE = "NOT ann_pending"
+
+
+def graph_excludes_pending(definition: str | None) -> bool:
+    """知识库自己的图（``pg_get_indexdef`` 的输出）是否不收还没进图的分块。"""
+    return GRAPH_PENDING_CLAUSE in (definition or "")
+
+
 class Document(JobTarget, models.Model):
     """上传到知识库的一份文档；``deleted`` 是墓碑状态，用来区分“已删除”与“从未存在”。
 
@@ -175,6 +185,10 @@ class DocumentChunk(models.Model):
     # 共享索引只在知识库自己的索引缺失时才被用到；那时库里若有为假的分块，检索改走精确扫描
     # （search.retrieval.SearchPlan；改压缩方式时新图建在旧图旁边，不会缺）
     shared_ann = models.BooleanField("进共享向量索引", db_default=True, editable=False)
+    # 分块还没插进知识库自己的 HNSW 图（图的部分条件是 ``NOT ann_pending``）。有自己的图的知识库新写入的分块为真：
+    # 写入不等每块约 1 ms 的图插入，检索对这些分块精确扫描、与图的结果合并（search.ann），后台任务再把它们改成假，
+    # 这次 UPDATE 才把它们插进图里。一个知识库最多攒 ``RAG_ANN_PENDING_MAX_CHUNKS`` 块，攒满了新分块直接进图
+    ann_pending = models.BooleanField("暂未进向量图", db_default=False, editable=False)
     created_at = models.DateTimeField("创建时间", auto_now_add=True)
 
     class Meta:
@@ -195,6 +209,9 @@ class DocumentChunk(models.Model):
             models.Index(fields=["parent"], name="document_chunks_parent_idx"),
             # 只收不在共享索引里的分块：检索一次探查就知道知识库有没有这样的分块（去重后每行约几个字节）
             models.Index(fields=["knowledge_base"], name="document_chunks_detached_idx", condition=Q(shared_ann=False)),
+            # 还没进图的分块：检索按知识库取出它们精确扫描，后台任务按知识库取出它们插进图里
+            models.Index(fields=["knowledge_base"], name="document_chunks_pending_idx",
+                         condition=Q(ann_pending=True)),
             *[hnsw_index(dim) for dim in SUPPORTED_DIMENSIONS],
         ]
 

@@ -1,6 +1,8 @@
 """后台任务入口（django-q2 按名字调用，只接收 id，可重复执行）与周期任务。
 
 - 知识库清理 ``run_cleanup``（执行过程见 ``ops.cleanup``）与知识库 HNSW 索引同步 ``sync_vector_indexes``；
+- 暂不进图的分块插进知识库自己的 HNSW 图 ``flush_vector_pending``（写入攒够一批后按知识库入队，另有每分钟的定时
+  任务，快队列）；
 - 全文引擎的 L0 合并成段 ``compact_fulltext``（写入后按知识库入队，另有每分钟的定时任务）；全文引擎的维护
   ``maintain_fulltext``（维护队列，每 10 分钟一次）：闲下来的知识库并段、小的段表重写紧凑、批量写入之后把 L0 的
   表与索引缩回去；
@@ -25,7 +27,7 @@ from infra.context import task_context
 from infra.workers import stops_at_checkpoints
 from jobs.runner import reap, run_job
 from search import segments
-from search.ann import kb_indexes_sync
+from search.ann import flush_pending, kb_indexes_sync
 from search.relevance import relevance_refresh
 
 logger = structlog.get_logger(__name__)
@@ -38,6 +40,8 @@ VECTOR_INDEX_TASK_FUNC = "ops.tasks.sync_vector_indexes"
 # 相关概率模型的定时检查（迁移 ops.0005 建立，ops.0008 改为每分钟一次；重新拟合仍至少隔 10 分钟，见 search.relevance）
 RELEVANCE_SCHEDULE = "search.refresh_relevance_profiles"
 RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
+# 暂不进图的分块的定时插图（迁移 ops.0009 建立，每分钟一次，快队列）
+VECTOR_FLUSH_SCHEDULE = "search.flush_vector_pending"
 # 全文 L0 的定时合并（迁移 ops.0006 建立，每分钟一次，快队列）
 FULLTEXT_COMPACT_SCHEDULE = "search.compact_fulltext"
 # 全文引擎的定时维护：闲时并段、小的段表重写、L0 收缩（迁移 ops.0007 建立，每 10 分钟一次，维护队列：
@@ -64,6 +68,13 @@ def sync_vector_indexes() -> None:
     """按分块数为大知识库建或删自己的 HNSW 索引（``search.ann``）；定时执行，幂等。"""
     with task_context("ann_index_sync", None):
         kb_indexes_sync()
+
+
+def flush_vector_pending(kb_id: str | None = None, request_id: str | None = None) -> None:
+    """把暂不进图的分块插进知识库自己的 HNSW 图（``search.ann.flush_pending``）：写入攒够一批后按知识库入队，定时任务
+    每分钟处理所有知识库的。幂等，可与写入、别的 flush 同时跑。"""
+    with task_context("ann_pending_flush", request_id, kb_id=kb_id):
+        flush_pending(kb_id=uuid.UUID(kb_id) if kb_id else None)
 
 
 def refresh_relevance_profiles() -> None:

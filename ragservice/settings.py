@@ -442,6 +442,14 @@ ANN_KB_INDEX_INSERT_EF_CONSTRUCTION = env_int(
     "RAG_ANN_KB_INDEX_INSERT_EF_CONSTRUCTION", 64,
     "知识库自己的 HNSW 图建好之后，新插入的分块用的 ef_construction（建图仍按 200；设 200 表示不改）",
     minimum=32, maximum=1000)
+# 有自己的图的知识库，新写入的分块先不进图（``DocumentChunk.ann_pending``）：检索对它们精确扫描，后台任务
+# （``ops.tasks.flush_vector_pending``）再把它们插进图里。写入不再等 HNSW 插入（每块约 1 ms）；这个数是一个知识库
+# 最多攒多少块，攒满了新分块照旧直接进图——精确扫描的量有上限，检索不因写入变慢太多（bench/pages/ann_pending.md）。
+# 0 关闭
+ANN_PENDING_MAX_CHUNKS = env_int(
+    "RAG_ANN_PENDING_MAX_CHUNKS", 10000,
+    "有自己 HNSW 图的知识库最多有多少新分块暂不进图（检索对它们精确扫描，后台任务插进图里）；0 表示写入时直接进图",
+    minimum=0, maximum=100000)
 QUERY_EMBEDDING_CACHE_SIZE = env_int("RAG_QUERY_EMBEDDING_CACHE_SIZE", 1024,
                                      "查询向量 LRU 缓存条数（0 关闭）", minimum=0)
 PARENT_WINDOW_CHARS = env_int("RAG_PARENT_WINDOW_CHARS", 2000,

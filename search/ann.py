@@ -20,7 +20,7 @@
 自己的索引由 :func:`kb_indexes_sync` 维护（django-q2 定时任务）：分块数越过 ``RAG_ANN_KB_INDEX_MIN_CHUNKS`` 的
 知识库 ``CREATE INDEX CONCURRENTLY``，建索引期间写入不受阻塞、检索继续走 3；知识库删除或缩到阈值一半以下时删掉。
 共享索引于是只服务“自己的索引还没建好”的那段时间，所以自己的索引可用之后写进来的分块不再进共享索引
-（``documents.models.DocumentChunk.shared_ann``，由 ``documents.ingestion.shared_ann_for_new_chunks`` 在写入事务里
+（``documents.models.DocumentChunk.shared_ann``，由 ``documents.ingestion.ann_placement`` 在写入事务里
 决定）：每块只插一张图，10 万块的库上 1 个写入进程 152~184 → 356~393 块/s（bench/pages/fulltext_engine.md）。
 自己的图按 :data:`KB_INDEX_EF_CONSTRUCTION` 建好之后，插入改用更小的 ``RAG_ANN_KB_INDEX_INSERT_EF_CONSTRUCTION``
 （默认 64，与共享索引相同）：10 万块的库上 1 个写入进程 299~327 → 405~451 块/s，后插进来的近邻找到 0.987~0.998
@@ -28,6 +28,10 @@
 这样的知识库没有可用的自己的索引时只能精确扫描（``search.retrieval.SearchPlan.exact``），所以改压缩方式时新图建在
 旧图旁边、建好才换下旧图（:func:`kb_index_build`）；剩下的情形是缩到阈值一半以下删掉了索引（那时默认设置下本来就
 精确扫描）、换图时删旧图与改名之间的一瞬、有人手工删了索引。
+
+写入也不等这张图：新分块先不进图（``DocumentChunk.ann_pending``，图的部分条件是 ``NOT ann_pending``），
+走图的查询另对它们精确扫描、按同一个距离式合并（:func:`kb_index_statement`），后台任务（:func:`flush_pending`）再把它们插进图；一个知识库至多攒
+``RAG_ANN_PENDING_MAX_CHUNKS`` 块，攒满了直接进图（bench/pages/ann_pending.md）。
 """
 
 from __future__ import annotations
@@ -45,7 +49,13 @@ from django.db import OperationalError, connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg import errors
 
-from documents.models import HNSW_M, INDEX_STATE_SQL, Document, kb_index_name
+from documents.models import (
+    HNSW_M,
+    INDEX_STATE_SQL,
+    Document,
+    graph_excludes_pending,
+    kb_index_name,
+)
 from infra.locks import advisory_lock
 from infra.routers import search_connection
 from knowledge.models import KnowledgeBase
@@ -115,6 +125,9 @@ class KbIndex:
     compression: str
     valid: bool
     center: str = ""
+    # 图的部分条件排除了还没进图的分块（``documents.models.GRAPH_PENDING_CLAUSE``）：检索要另外精确扫描它们。
+    # documents.0015 之前建的图没有这一项，所有分块都在图里，直到定时同步在旁边重建
+    excludes_pending: bool = False
 
 
 _CENTER = re.compile(r"'(\[[-0-9.,e+ ]*\])'::vector")
@@ -194,7 +207,7 @@ def kb_index_from_row(kb_id: uuid.UUID, row: Sequence[Any] | None) -> KbIndex | 
         return None
     center = _CENTER.search(row[2])
     return KbIndex(kb_index_name(kb_id), _OPCLASS_COMPRESSION.get(row[1], ""), bool(row[0]),
-                   f"'{center.group(1)}'" if center else "")
+                   f"'{center.group(1)}'" if center else "", graph_excludes_pending(row[2]))
 
 
 def _center_literal(kb: KnowledgeBase) -> str:
@@ -211,7 +224,8 @@ def _center_literal(kb: KnowledgeBase) -> str:
 
 def kb_index_sql(kb: KnowledgeBase, *, concurrently: bool = True, name: str = "") -> str:
     """建知识库自己的部分 HNSW 索引的 SQL（``name`` 默认是 :func:`kb_index_name`）；谓词与 :func:`ann_search` 的
-    查询条件字面一致，规划器才会选它。"""
+    查询条件字面一致，规划器才会选它。还没进图的分块（``DocumentChunk.ann_pending``）不在图里，由
+    :func:`flush_pending` 插进来。"""
     compression = KnowledgeBase.VectorCompression(kb.vector_compression)
     expression, opclass, _ = _COMPRESSION_SQL[compression]
     dim = int(kb.embedding_dimension)
@@ -220,7 +234,7 @@ def kb_index_sql(kb: KnowledgeBase, *, concurrently: bool = True, name: str = ""
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {name or kb_index_name(kb.id)}"
         f" ON document_chunks USING hnsw ({expression.format(dim=dim, center=center)} {opclass})"
         f" WITH (m = {HNSW_M}, ef_construction = {KB_INDEX_EF_CONSTRUCTION})"
-        f" WHERE {_kb_predicate(kb)}"
+        f" WHERE {_graph_predicate(kb)}"
     )
 
 
@@ -228,6 +242,11 @@ def _kb_predicate(kb: KnowledgeBase, alias: str = "") -> str:
     # uuid 与维度都不是用户输入的字符串（uuid 对象的规范写法、白名单整数），可以安全地写成字面量
     return (f"{alias}knowledge_base_id = '{uuid.UUID(str(kb.id))}'::uuid"
             f" AND {alias}embedding_dim = {int(kb.embedding_dimension)}")
+
+
+def _graph_predicate(kb: KnowledgeBase, alias: str = "") -> str:
+    # 图的部分条件：知识库的分块里已经进图的（documents.models.GRAPH_PENDING_CLAUSE 这一项，定义里有它才算新式的图）
+    return f"{_kb_predicate(kb, alias)} AND NOT {alias}ann_pending"
 
 
 def kb_index_build(*, kb: KnowledgeBase, chunks: int | None = None) -> bool:
@@ -251,7 +270,8 @@ def kb_index_build(*, kb: KnowledgeBase, chunks: int | None = None) -> bool:
         chunks = _kb_chunks(kb.id) if chunks is None else chunks
         with connection.cursor() as cursor:
             if state and state.valid and state.compression == kb.vector_compression:
-                reason = _graph_rebuild_reason(cursor, name, chunks)
+                # documents.0015 之前建的图收全部分块：换成不收还没进图的分块的，写入才能先不插图
+                reason = _graph_rebuild_reason(cursor, name, chunks) if state.excludes_pending else "pending_predicate"
                 if not reason:
                     _set_insert_ef(cursor, kb.id, name, chunks)
                     return False
@@ -324,6 +344,38 @@ def kb_indexes_sync() -> dict[str, list[str]]:
     return {"built": built, "dropped": dropped}
 
 
+# 把还没进图的分块插进图里时，一条 UPDATE 改多少行（一个事务）：每块约 1 ms 的图插入，一批半秒左右
+_FLUSH_BATCH = 500
+
+
+def flush_pending(*, kb_id: uuid.UUID | None = None) -> int:
+    """把还没进图的分块（``DocumentChunk.ann_pending``）插进知识库自己的图，返回插了多少块；``kb_id`` 为空时处理所有
+    知识库。幂等，可与写入、别的 flush 同时跑。
+
+    插图就是把这一列改成假：图的部分条件是 ``NOT ann_pending``，这条 UPDATE 产生的新行版本满足它，PostgreSQL 在
+    UPDATE 里把它插进图（按图当前的插入 ``ef_construction``）。触发器 v5 看全文输入没变，什么也不做。每批一个事务，
+    ``SKIP LOCKED`` 跳过正被别的事务改、删的分块（文档重新索引时整批删掉的分块不必插）；中途被杀，提交了的批已经在图里，
+    其余的下次接着做。知识库自己的图这时不存在（缩小后删掉了）也照样改：那时检索精确扫描，改一列不插任何图。
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT knowledge_base_id FROM document_chunks WHERE ann_pending"
+                       " AND (%s::uuid IS NULL OR knowledge_base_id = %s)", [kb_id, kb_id])
+        kbs = [row[0] for row in cursor.fetchall()]
+    total = 0
+    for kb in kbs:
+        flushed, done = 0, _FLUSH_BATCH
+        while done == _FLUSH_BATCH:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("UPDATE document_chunks SET ann_pending = false WHERE id IN (SELECT id"
+                               " FROM document_chunks WHERE knowledge_base_id = %s AND ann_pending ORDER BY id"
+                               " LIMIT %s FOR UPDATE SKIP LOCKED)", [kb, _FLUSH_BATCH])
+                done = cursor.rowcount
+            flushed += done
+        logger.info("ann_pending_flushed", knowledge_base_id=str(kb), chunks=flushed)
+        total += flushed
+    return total
+
+
 def ann_search(kb: KnowledgeBase, *, query: str, scope: str, params: Sequence[Any], limit: int,
                exact: bool, index: KbIndex | None, chunks: int) -> tuple[list[tuple[int, float]], str]:
     """在 ``scope``（``search.retrieval`` 的检索范围 SQL 与参数）里按余弦距离取前 ``limit`` 个 (分块 id, 距离)。
@@ -390,16 +442,24 @@ def ef_search_floor(chunks: int) -> int:
 
 def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Sequence[Any], query: str,
                        limit: int, chunks: int) -> tuple[str, list[Any], int]:
-    """走知识库自己的索引 ``index`` 取前 ``limit`` 个的 SQL、参数与 ef_search（基准用它对同一条语句 EXPLAIN）。"""
+    """走知识库自己的索引 ``index`` 取前 ``limit`` 个的 SQL、参数与 ef_search（基准用它对同一条语句 EXPLAIN）。
+
+    图不收还没进图的分块（``index.excludes_pending``）时，另对它们精确扫描（部分索引 ``document_chunks_pending_idx``
+    圈出，至多 ``RAG_ANN_PENDING_MAX_CHUNKS`` 块），两边的前 ``limit`` 个按同一个距离式合并：刚写进来的分块与图里的
+    分块一样找得到。
+    """
     compression = KnowledgeBase.VectorCompression(index.compression)
     dim = int(kb.embedding_dimension)
     distance = _COMPRESSION_SQL[compression][2].format(dim=dim, q="%s", center=index.center)
-    where = f"{_kb_predicate(kb, 'c.')} AND {scope}"
+    graph = _graph_predicate(kb, "c.") if index.excludes_pending else _kb_predicate(kb, "c.")
+    where = f"{graph} AND {scope}"
     if compression == KnowledgeBase.VectorCompression.NONE:
+        exact = distance
         sql = f"SELECT c.id, {distance} AS distance FROM document_chunks c WHERE {where} ORDER BY distance LIMIT %s"
         args, candidates = [query, *params, limit], limit
     else:
         # 压缩距离只用来取候选：多取 oversample 倍，再按堆里存的向量精确重排，返回的距离与精确扫描同一个式子
+        exact = stored_distance(dim)
         candidates = limit * (settings.ANN_BINARY_OVERSAMPLE if compression == KnowledgeBase.VectorCompression.BINARY
                               else settings.ANN_OVERSAMPLE)
         sql = (f"WITH candidates AS MATERIALIZED (SELECT c.id, c.embedding FROM document_chunks c WHERE {where}"
@@ -407,6 +467,11 @@ def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Se
                f" SELECT id, {stored_distance(dim, '')} AS distance FROM candidates"
                f" ORDER BY distance, id LIMIT %s")
         args = [*params, query, candidates, query, limit]
+    if index.excludes_pending:
+        pending = (f"SELECT c.id, {exact} AS distance FROM document_chunks c"
+                   f" WHERE {_kb_predicate(kb, 'c.')} AND c.ann_pending AND {scope} ORDER BY distance, c.id LIMIT %s")
+        sql = f"SELECT id, distance FROM (({sql}) UNION ALL ({pending})) u ORDER BY distance, id LIMIT %s"
+        args += [query, *params, limit, limit]
     # ef_search 至少是要的候选数的两倍：100k 分块上候选 100、ef_search 100 时召回只有 0.95。
     # RAG_ANN_EF_SEARCH 默认 200：同样的数据重建一次图，候选 15、ef_search 100 的召回在 0.93~1.0 之间摆动
     return sql, args, max(ef_search_floor(chunks), 2 * candidates)

@@ -90,7 +90,7 @@ def test_a_compression_change_builds_the_new_graph_beside_the_old(settings: Any)
         created = next(i for i, sql in enumerate(statements) if sql.startswith(f"CREATE INDEX CONCURRENTLY IF NOT"
                                                                                    f" EXISTS {rebuild} "))
         assert created < statements.index(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-        assert ann.kb_index_state(kb.id) == ann.KbIndex(name, "halfvec", True)
+        assert ann.kb_index_state(kb.id) == ann.KbIndex(name, "halfvec", True, excludes_pending=True)
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_class WHERE relname = %s", [rebuild])
             assert cursor.fetchone()[0] == 0
