@@ -447,7 +447,7 @@ ANN_KB_INDEX_INSERT_EF_CONSTRUCTION = env_int(
 # 最多攒多少块，攒满了新分块照旧直接进图——精确扫描的量有上限，检索不因写入变慢太多（bench/pages/ann_pending.md）。
 # 0 关闭
 ANN_PENDING_MAX_CHUNKS = env_int(
-    "RAG_ANN_PENDING_MAX_CHUNKS", 10000,
+    "RAG_ANN_PENDING_MAX_CHUNKS", 2000,
     "有自己 HNSW 图的知识库最多有多少新分块暂不进图（检索对它们精确扫描，后台任务插进图里）；0 表示写入时直接进图",
     minimum=0, maximum=100000)
 QUERY_EMBEDDING_CACHE_SIZE = env_int("RAG_QUERY_EMBEDDING_CACHE_SIZE", 1024,
