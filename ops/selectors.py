@@ -26,17 +26,22 @@ logger = structlog.get_logger(__name__)
 class InventoryCounts:
     knowledge_bases_active: int
     chunks_total: int
+    # 还没插进知识库自己的图的分块（search.ann.flush_pending 插）：快队列的 worker 停了时它停在上限
+    # （RAG_ANN_PENDING_MAX_CHUNKS，按知识库），写入退回直接插图，检索每个查询多扫这些分块
+    chunks_ann_pending: int
 
 
 def inventory_counts() -> InventoryCounts:
-    """enabled 知识库数与分块总数（一次查询）。"""
+    """enabled 知识库数、分块总数与还没进图的分块数（一次查询；最后一项数部分索引 document_chunks_pending_idx）。"""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT count(*) FROM knowledge_bases WHERE status = 'enabled'),"
-            " (SELECT count(*) FROM document_chunks)"
+            " (SELECT count(*) FROM document_chunks),"
+            " (SELECT count(*) FROM document_chunks WHERE ann_pending)"
         )
-        active, chunks = cursor.fetchone()
-    return InventoryCounts(knowledge_bases_active=int(active), chunks_total=int(chunks))
+        active, chunks, pending = cursor.fetchone()
+    return InventoryCounts(knowledge_bases_active=int(active), chunks_total=int(chunks),
+                           chunks_ann_pending=int(pending))
 
 
 class DatabaseGaugeCollector(Collector):
@@ -47,6 +52,8 @@ class DatabaseGaugeCollector(Collector):
         yield GaugeMetricFamily("knowledge_bases_active", "状态为 enabled 的知识库数量",
                                 value=counts.knowledge_bases_active)
         yield GaugeMetricFamily("chunks_total", "向量库中的 chunk 总数", value=counts.chunks_total)
+        yield GaugeMetricFamily("chunks_ann_pending", "还没插进知识库自己的 HNSW 图的 chunk 数（检索对它们精确扫描）",
+                                value=counts.chunks_ann_pending)
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         # 返回空描述：注册时不触发数据库查询

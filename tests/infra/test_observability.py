@@ -512,6 +512,9 @@ def test_metrics_inventory_gauges_come_from_database(kb_factory):
     assert _value(samples, "knowledge_bases_active") == 2
     assert DocumentChunk.objects.count() == 12
     assert _value(samples, "chunks_total") == 12
+    assert _value(samples, "chunks_ann_pending") == 0
+    DocumentChunk.objects.filter(knowledge_base=enabled[0]).update(ann_pending=True)
+    assert _value(_metric_samples(Client()), "chunks_ann_pending") == 6
 
 
 def test_metrics_disabled_returns_404(settings):
