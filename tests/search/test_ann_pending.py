@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from django.db import connection, transaction
 from django_q.models import Schedule
+from django_q.signals import pre_enqueue
 
 from documents.filters import SearchFilters
 from documents.models import DocumentChunk
@@ -159,3 +160,27 @@ def test_the_flush_runs_every_minute_on_the_fast_queue(settings) -> None:
     schedule = Schedule.objects.get(name=VECTOR_FLUSH_SCHEDULE)
     assert (schedule.func, schedule.minutes, schedule.cluster) == ("ops.tasks.flush_vector_pending", 1,
                                                                    settings.FAST_QUEUE)
+
+
+def test_a_process_that_wrote_a_quarter_of_the_limit_queues_a_flush(settings, client_rw, kb_factory, run_on_commit,
+                                                                     fake_embedder):
+    """写入每攒到上限的四分之一就给快队列排一次插图（测试里任务同步执行），不等每分钟的定时任务。"""
+    settings.EXACT_SEARCH_MAX_CHUNKS = 0
+    kb = kb_factory()
+    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
+    _own_graph(kb)
+    packages: list[dict[str, Any]] = []
+
+    def record(sender: str, task: dict[str, Any], **_: Any) -> None:
+        packages.append(dict(task))
+
+    settings.ANN_PENDING_MAX_CHUNKS = 4  # 四分之一是 1 块：这份文档一写完就排
+    pre_enqueue.connect(record, dispatch_uid="test.ann_pending.enqueued")
+    try:
+        second = upload(client_rw, kb, "b.md", SECOND_TEXT.encode(), run_on_commit).json()["document_id"]
+    finally:
+        pre_enqueue.disconnect(dispatch_uid="test.ann_pending.enqueued")
+    flushes = [package for package in packages if package["func"] == "ops.tasks.flush_vector_pending"]
+    assert [(package["args"], package["cluster"]) for package in flushes] == [((str(kb.id),), settings.FAST_QUEUE)]
+    assert DocumentChunk.objects.filter(document_id=second).exists()
+    assert not DocumentChunk.objects.filter(ann_pending=True).exists()  # 排上的任务已经把它们插进了图
