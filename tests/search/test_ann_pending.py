@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import numpy as np
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django_q.models import Schedule
 from django_q.signals import pre_enqueue
@@ -184,3 +186,21 @@ def test_a_process_that_wrote_a_quarter_of_the_limit_queues_a_flush(settings, cl
     assert [(package["args"], package["cluster"]) for package in flushes] == [((str(kb.id),), settings.FAST_QUEUE)]
     assert DocumentChunk.objects.filter(document_id=second).exists()
     assert not DocumentChunk.objects.filter(ann_pending=True).exists()  # 排上的任务已经把它们插进了图
+
+
+def test_the_flush_command_reports_and_resumes(settings, client_rw, kb_factory, run_on_commit, fake_embedder):
+    """``manage.py flush_ann_pending``：批量导入之后立刻插完，报告每个知识库插了多少；再运行没有剩下的。"""
+    settings.EXACT_SEARCH_MAX_CHUNKS = 0
+    kb = kb_factory()
+    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
+    _own_graph(kb)
+    second = upload(client_rw, kb, "b.md", SECOND_TEXT.encode(), run_on_commit).json()["document_id"]
+    pending = DocumentChunk.objects.filter(document_id=second, ann_pending=True).count()
+    assert pending
+    out = StringIO()
+    call_command("flush_ann_pending", "--kb", kb.name, stdout=out)
+    assert f"知识库 {kb.id}：{pending} 个分块待进图，插了 {pending} 个" in out.getvalue()
+    assert not DocumentChunk.objects.filter(ann_pending=True).exists()
+    out = StringIO()
+    call_command("flush_ann_pending", stdout=out)
+    assert out.getvalue().strip() == "没有还没进图的分块"
