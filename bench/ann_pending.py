@@ -10,12 +10,17 @@
 精确扫描核对：前 15 名的召回，以及精确扫描的前 15 名里暂不进图的那些有没有全部找到（它们走精确扫描，应当一个不漏）。
 每一级写完立刻量一遍、``VACUUM ANALYZE document_chunks`` 之后再量一遍（刚写完时 autovacuum 可能正在扫这张表）。
 最后把它们插进图（``search.ann.flush_pending``，计时），再量一遍，删掉写进来的文档、把 L0 合并掉，库回到原样。
+
+``--sustained N``：持续写入时的样子。1 个写入进程连续写 ``N`` 块，旁边 1 个进程像快队列的 worker 那样不停地插图；
+上限依次取 ``--limits`` 的各值（0 = 写入时直接进图，没有插图进程），量写入进程的块/s，以及“写完、全部进图”为止的块/s。
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
+from multiprocessing.synchronize import Event
 
 from django_setup import setup_django
 
@@ -23,7 +28,7 @@ setup_django()
 
 import numpy as np  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, connections  # noqa: E402
 
 from bench.fulltext_engine import (  # noqa: E402
     CHUNKS_PER_DOCUMENT,
@@ -83,11 +88,55 @@ def _report(label: str, kb: KnowledgeBase, queries: list[np.ndarray], pending: i
             **quantiles}
 
 
+def _flusher(kb_id: object, stop: Event) -> None:
+    """插图进程（fork 出来，自己连库）：像快队列的 worker 那样，有暂不进图的就插，没有就等一会儿。"""
+    while not stop.is_set():
+        if not flush_pending(kb_id=kb_id):  # type: ignore[arg-type]
+            time.sleep(0.05)
+    connection.close()
+
+
+def sustained(kb: KnowledgeBase, rows: int, limits: list[int]) -> None:
+    """1 个写入进程连续写 ``rows`` 块，上限依次取 ``limits``；上限大于 0 时旁边有一个插图进程。"""
+    context = multiprocessing.get_context("fork")
+    for number, limit in enumerate(limits):
+        settings.ANN_PENDING_MAX_CHUNKS = limit  # 写入进程是 fork 出来的，带着这个值
+        vacuum()
+        start = SEED_BASE + number * rows
+        docs = {start // CHUNKS_PER_DOCUMENT + n: doc_id for n, doc_id in _documents(kb, rows).items()}
+        connections.close_all()
+        stop = context.Event()
+        flusher = context.Process(target=_flusher, args=(kb.id, stop)) if limit else None
+        if flusher:
+            flusher.start()
+        try:
+            seconds, _ = _round(kb, range(start, start + rows), 1, docs)  # 从写入进程备好行、开始写算起
+            written = time.perf_counter()
+            left = DocumentChunk.objects.filter(knowledge_base_id=kb.id, ann_pending=True).count()
+            stop.set()
+            if flusher:
+                flusher.join()
+            flush_pending(kb_id=kb.id)
+            total = seconds + time.perf_counter() - written
+            beside = "，旁边 1 个插图进程" if limit else ""
+            print(f"  持续写入 {rows:,} 块，上限 {limit:,}{beside}：写入 {rows / seconds:,.0f} 块/s，"
+                  f"写完时还有 {left:,} 块没进图，全部进图为止 {rows / total:,.0f} 块/s（负载 {_load()}）", flush=True)
+        finally:
+            stop.set()
+            Document.objects.filter(id__in=list(docs.values())).delete()
+            if SEGMENTS:
+                SEGMENTS.compact(kb.id)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 2000, 5000, 10000],
                         help="依次让库里暂不进图的分块是这么多个（递增，CHUNKS_PER_DOCUMENT 的倍数）")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--sustained", type=int, metavar="N",
+                        help="只量持续写入：1 个写入进程连续写 N 块（见文件开头）")
+    parser.add_argument("--limits", type=int, nargs="+", default=[0, 2000],
+                        help="--sustained 时依次用的 RAG_ANN_PENDING_MAX_CHUNKS")
     args = parser.parse_args()
     if any(level % CHUNKS_PER_DOCUMENT for level in args.levels) or args.levels != sorted(args.levels):
         parser.error(f"--levels 须递增、是 {CHUNKS_PER_DOCUMENT} 的倍数")
@@ -100,6 +149,9 @@ def main() -> None:
     assert state is not None and state.valid and state.excludes_pending, state
     print(f"== {KB_NAME}：{existing:,} 块；自己的图{'重建' if built else '已有'}"
           f"（{time.perf_counter() - started:.0f} s）", flush=True)
+    if args.sustained:
+        sustained(kb, args.sustained, args.limits)
+        return
     centers = _centers()
     queries = [_vector(QUERY_SEED_BASE + i, centers) for i in range(args.queries)]
     written, documents = 0, []
