@@ -38,6 +38,15 @@ def _own_graph(kb: Any, *, pending_clause: bool = True) -> None:
         cursor.execute(sql)
 
 
+def _kb_with_own_graph(settings: Any, client_rw: Any, kb_factory: Any, run_on_commit: Any) -> Any:
+    """一份文档、已有自己的图的知识库（小库也按大知识库的路径走）：之后写进来的分块先不进图。"""
+    settings.EXACT_SEARCH_MAX_CHUNKS = 0
+    kb = kb_factory()
+    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
+    _own_graph(kb)
+    return kb
+
+
 def _in_graph(kb: Any, query: np.ndarray) -> set[int]:
     """只走知识库自己的图（HNSW 的迭代扫描、排序关掉）能取到的分块：小库上就是图里的全部分块。"""
     index = ann.kb_index_state(kb.id)
@@ -115,10 +124,7 @@ def test_an_update_that_changes_the_terms_still_reindexes(settings, client_rw, k
 
 def test_pending_chunks_are_bounded_and_the_setting_turns_it_off(settings, client_rw, kb_factory, run_on_commit,
                                                                  fake_embedder):
-    settings.EXACT_SEARCH_MAX_CHUNKS = 0
-    kb = kb_factory()
-    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
-    _own_graph(kb)
+    kb = _kb_with_own_graph(settings, client_rw, kb_factory, run_on_commit)
     second = upload(client_rw, kb, "b.md", SECOND_TEXT.encode(), run_on_commit).json()["document_id"]
     pending = DocumentChunk.objects.filter(document_id=second).count()
     settings.ANN_PENDING_MAX_CHUNKS = pending  # 攒满了：下一份文档直接进图
@@ -167,10 +173,7 @@ def test_the_flush_runs_every_minute_on_the_fast_queue(settings) -> None:
 def test_a_process_that_wrote_a_quarter_of_the_limit_queues_a_flush(settings, client_rw, kb_factory, run_on_commit,
                                                                      fake_embedder):
     """写入每攒到上限的四分之一就给快队列排一次插图（测试里任务同步执行），不等每分钟的定时任务。"""
-    settings.EXACT_SEARCH_MAX_CHUNKS = 0
-    kb = kb_factory()
-    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
-    _own_graph(kb)
+    kb = _kb_with_own_graph(settings, client_rw, kb_factory, run_on_commit)
     packages: list[dict[str, Any]] = []
 
     def record(sender: str, task: dict[str, Any], **_: Any) -> None:
@@ -190,10 +193,7 @@ def test_a_process_that_wrote_a_quarter_of_the_limit_queues_a_flush(settings, cl
 
 def test_the_flush_command_reports_and_resumes(settings, client_rw, kb_factory, run_on_commit, fake_embedder):
     """``manage.py flush_ann_pending``：批量导入之后立刻插完，报告每个知识库插了多少；再运行没有剩下的。"""
-    settings.EXACT_SEARCH_MAX_CHUNKS = 0
-    kb = kb_factory()
-    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
-    _own_graph(kb)
+    kb = _kb_with_own_graph(settings, client_rw, kb_factory, run_on_commit)
     second = upload(client_rw, kb, "b.md", SECOND_TEXT.encode(), run_on_commit).json()["document_id"]
     pending = DocumentChunk.objects.filter(document_id=second, ann_pending=True).count()
     assert pending
