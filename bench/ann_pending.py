@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import time
+import uuid
 from multiprocessing.synchronize import Event
 
 from django_setup import setup_django
@@ -88,10 +89,10 @@ def _report(label: str, kb: KnowledgeBase, queries: list[np.ndarray], pending: i
             **quantiles}
 
 
-def _flusher(kb_id: object, stop: Event) -> None:
+def _flusher(kb_id: uuid.UUID, stop: Event) -> None:
     """插图进程（fork 出来，自己连库）：像快队列的 worker 那样，有暂不进图的就插，没有就等一会儿。"""
     while not stop.is_set():
-        if not flush_pending(kb_id=kb_id):  # type: ignore[arg-type]
+        if not flush_pending(kb_id=kb_id):
             time.sleep(0.05)
     connection.close()
 

@@ -454,12 +454,12 @@ def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Se
     graph = _graph_predicate(kb, "c.") if index.excludes_pending else _kb_predicate(kb, "c.")
     where = f"{graph} AND {scope}"
     if compression == KnowledgeBase.VectorCompression.NONE:
-        exact = distance
+        pending_distance = distance
         sql = f"SELECT c.id, {distance} AS distance FROM document_chunks c WHERE {where} ORDER BY distance LIMIT %s"
         args, candidates = [query, *params, limit], limit
     else:
         # 压缩距离只用来取候选：多取 oversample 倍，再按堆里存的向量精确重排，返回的距离与精确扫描同一个式子
-        exact = stored_distance(dim)
+        pending_distance = stored_distance(dim)
         candidates = limit * (settings.ANN_BINARY_OVERSAMPLE if compression == KnowledgeBase.VectorCompression.BINARY
                               else settings.ANN_OVERSAMPLE)
         sql = (f"WITH candidates AS MATERIALIZED (SELECT c.id, c.embedding FROM document_chunks c WHERE {where}"
@@ -468,7 +468,7 @@ def kb_index_statement(kb: KnowledgeBase, index: KbIndex, scope: str, params: Se
                f" ORDER BY distance, id LIMIT %s")
         args = [*params, query, candidates, query, limit]
     if index.excludes_pending:
-        pending = (f"SELECT c.id, {exact} AS distance FROM document_chunks c"
+        pending = (f"SELECT c.id, {pending_distance} AS distance FROM document_chunks c"
                    f" WHERE {_kb_predicate(kb, 'c.')} AND c.ann_pending AND {scope} ORDER BY distance, c.id LIMIT %s")
         sql = f"SELECT id, distance FROM (({sql}) UNION ALL ({pending})) u ORDER BY distance, id LIMIT %s"
         args += [query, *params, limit, limit]
