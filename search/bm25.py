@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg import IsolationLevel
+from psycopg.pq import TransactionStatus
 
 from infra.routers import search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms, lexeme_counts
@@ -75,13 +77,29 @@ class _Snapshot:
 @contextmanager
 def _snapshot_cursor() -> Iterator[Any]:
     """检索连接上的一个 REPEATABLE READ 只读事务：统计、词典与倒排出自同一个快照，合并在中途提交也看不到半个段。
-    已在外层事务里时（测试、调用方自己开的事务）沿用外层的快照。"""
+    已在外层事务里时（测试、调用方自己开的事务）沿用外层的快照。
+
+    隔离级别写进 BEGIN（psycopg 连接的 ``isolation_level`` / ``read_only``，事务开始时拼成
+    ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``），而不是 BEGIN 之后再发一条 ``SET TRANSACTION``：
+    全文一路一次查询只有五六次往返，这一次约占 0.15 ms。出了这个事务立刻改回连接原来的设置，
+    同一线程上后面的事务（写入）不受影响。
+    """
     conn = search_connection()
-    outer = conn.in_atomic_block
-    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-        if not outer:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        yield cursor
+    if conn.in_atomic_block:
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            yield cursor
+        return
+    conn.ensure_connection()
+    raw = conn.connection
+    previous = raw.isolation_level, raw.read_only
+    raw.isolation_level, raw.read_only = IsolationLevel.REPEATABLE_READ, True
+    try:
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            yield cursor
+    finally:
+        # 连接断了（状态不是空闲）时它不会再被用：Django 会换新连接，新连接的设置本来就是默认的
+        if raw.info.transaction_status == TransactionStatus.IDLE:
+            raw.isolation_level, raw.read_only = previous
 
 
 def _l0_rows(l0: dict[str, list[tuple[int, int, int, int]]],

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from django.conf import settings as django_settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -572,3 +572,22 @@ def test_drop_lets_cleanup_skip_the_index_and_spares_other_knowledge_bases(
     DocumentChunk.objects.filter(knowledge_base=medical).delete()
     _upload(medical, "late.txt", TEXTS[0], django_capture_on_commit_callbacks)
     assert segments.mismatches(medical.id) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_snapshot_is_a_read_only_repeatable_read_transaction_that_leaves_the_connection_as_it_was() -> None:
+    """引擎的快照事务在 BEGIN 里就是 REPEATABLE READ、只读；出来之后（正常结束或抛异常）同一连接上的下一个事务
+    又是默认的读已提交、可写——写入不会落进只读事务。"""
+    def settings_now(cursor: Any) -> tuple[str, str]:
+        cursor.execute("SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')")
+        return cursor.fetchone()
+
+    for fail in (False, True):
+        with contextlib.suppress(RuntimeError), bm25._snapshot_cursor() as cursor:
+            assert settings_now(cursor) == ("repeatable read", "on")
+            if fail:
+                raise RuntimeError("查询中途出错")
+        conn = search_connection()
+        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+            assert settings_now(cursor) == ("read committed", "off")
+            cursor.execute("CREATE TEMP TABLE snapshot_probe (x int) ON COMMIT DROP")
