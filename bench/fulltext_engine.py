@@ -24,7 +24,8 @@
 3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``）与其中存活的行数据之和，
    另列 tsvector 列（``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，
    旧代码树上才有）；都除以分块数。
-4. 查询：``fulltext_search``（BM25，limit 10，含 ``parse_query``）先预热 20 个，再计时 ``--queries`` 个。
+4. 查询：``fulltext_search``（BM25，limit 10，含 ``parse_query``）先预热 20 个，``gc.freeze()``（与服务进程相同），
+   再计时 ``--queries`` 个。
 5. Lucene：同一批文本与查询交给另一个装了 pyserini 的解释器（``--lucene-python``；pyserini 要 Java 21 与它自己的
    一堆依赖，不装进项目的 .venv）：Anserini ``IndexCollection -language zh``（CJKAnalyzer 的字 bigram，不存位置）
    单线程建索引，BM25 k1 0.9 / b 0.4，top 10。
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import hashlib
 import importlib
 import importlib.util
@@ -549,6 +551,9 @@ def query_latency(kb: KnowledgeBase, queries: list[str], profile: bool) -> dict[
         return times
 
     run(queries[:WARMUP])
+    # 与服务进程相同（ragservice/gunicorn_conf.py）：预热后把已有的对象移出分代回收，计时里不含整代回收的停顿
+    gc.collect()
+    gc.freeze()
     times = run(queries[WARMUP:])
     result: dict[str, Any] = _quantiles(times)
     print(f"  全文路 BM25（{len(times)} 个查询）：p50 {result['p50']:.1f} ms  p95 {result['p95']:.1f} ms"
