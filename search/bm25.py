@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
 
-from infra.routers import search_connection
+from infra.routers import fetchall_binary, search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms, lexeme_counts
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
 from raglib.lexicon import DictionaryBlock, Entry
@@ -372,14 +372,14 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
             for _, rows in _l0_rows(snapshot.l0, key):
                 l0_parts += [(slot, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
         if wanted:
-            cursor.execute(
+            # 倒排块是一次查询里传得最多的数据：按二进制格式取（同一个事务、同一个快照）
+            pairs += [(int(slot), bytes(data)) for slot, data in fetchall_binary(
+                cursor.db,
                 "SELECT r.n, b.data FROM unnest(%s::int[], %s::text[], %s::int[], %s::int[]) AS r(s, l, k, n)"
-                " CROSS JOIN LATERAL (SELECT data FROM fulltext_blocks b WHERE b.knowledge_base_id = %s"
+                " CROSS JOIN LATERAL (SELECT data FROM fulltext_blocks b WHERE b.knowledge_base_id = %s::uuid"
                 " AND b.segment_id = r.s AND b.lexeme = r.l AND b.block_no < r.k) b",
                 [[w[0] for w in wanted], [w[1] for w in wanted], [w[2] for w in wanted], [w[3] for w in wanted],
-                 kb_id],
-            )
-            pairs += [(int(slot), bytes(data)) for slot, data in cursor.fetchall()]
+                 kb_id])]
         postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
         # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
         l0_chunks = sorted({part[1] for part in l0_parts})

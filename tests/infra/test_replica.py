@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test.utils import CaptureQueriesContext
 
 from documents.filters import SearchFilters
 from infra.config import env_redis_url
 from infra.metrics import REPLICA_FALLBACKS
-from infra.routers import REPLICA, PrimaryReplicaRouter, reset_replica_state, search_connection
+from infra.routers import REPLICA, PrimaryReplicaRouter, fetchall_binary, reset_replica_state, search_connection
 from knowledge.models import KnowledgeBase
 from search import ann
 from search.retrieval import vector_search
@@ -148,3 +148,12 @@ def test_redis_url_with_wrong_scheme_fails_fast(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("RAG_REDIS_URL", "http://127.0.0.1:6379")
     with pytest.raises(ImproperlyConfigured, match="RAG_REDIS_URL"):
         env_redis_url()
+
+
+def test_fetchall_binary_returns_raw_bytes_and_raises_django_errors() -> None:
+    """倒排块按二进制格式读：bytea 原样回来（不经十六进制），SQL 出错时是 Django 的数据库异常（调用方只认它）。"""
+    conn = connections[DEFAULT_DB_ALIAS]
+    rows = fetchall_binary(conn, "SELECT %s::bytea, %s::int[], %s::text[]", [b"\x00\xff\x7f", [1, 2], ["肝", "a"]])
+    assert rows == [(b"\x00\xff\x7f", [1, 2], ["肝", "a"])]
+    with pytest.raises(DatabaseError):
+        fetchall_binary(conn, "SELECT no_such_column FROM fulltext_blocks", [])
