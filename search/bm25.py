@@ -40,7 +40,7 @@ from psycopg.pq import TransactionStatus
 from infra.routers import fetchall_binary, search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms, lexeme_counts
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
-from raglib.lexicon import DictionaryBlock, Entry
+from raglib.lexicon import Entry
 from raglib.postings import (
     BLOCK_SIZE,
     Postings,
@@ -130,7 +130,7 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
     # 精确词的词典条目现在就读（每段一块）；前缀词只读按首字汇总的 df，条目等确定要读它的倒排时再取
-    entries = _dictionary_entries(cursor, kb_id, segments, [key for key in keys if not key[1]])
+    entries = DICTIONARIES.entries(cursor, kb_id, segments, [key for key in keys if not key[1]])
     segment_dfs: dict[tuple[str, bool], int] = {key: sum(entry.df for _, entry in found)
                                                 for key, found in entries.items()}
     if prefixes:
@@ -196,24 +196,6 @@ def _deleted_terms(cursor: Any, kb_id: uuid.UUID, exact: list[str],
         for lexeme, prefix, count in cursor.fetchall():
             removed[(lexeme, bool(prefix))] = removed.get((lexeme, bool(prefix)), 0) + int(count)
     return deleted, removed
-
-
-def _dictionary_entries(cursor: Any, kb_id: uuid.UUID, segments: Sequence[tuple[int, int]],
-                        keys: Sequence[tuple[str, bool]]) -> dict[tuple[str, bool], list[tuple[int, Entry]]]:
-    """各段词典里查询词的条目：精确词一个（若有），前缀词是以它开头的全部词位。
-
-    哪些块、块的数据来自进程内的段词典缓存（:mod:`search.segment_cache`），缺的在这个快照里取。几个查询词常落在
-    同一块里：每块只解析一次，查它服务的那几个词。
-    """
-    entries: dict[tuple[str, bool], list[tuple[int, Entry]]] = {key: [] for key in keys}
-    if not keys or not segments:
-        return entries
-    for segment_id, block_keys, data in DICTIONARIES.blocks(cursor, kb_id, segments, keys):
-        block = DictionaryBlock(data)
-        for key in block_keys:
-            found = block.with_prefix(key[0]) if key[1] else [entry for entry in [block.find(key[0])] if entry]
-            entries[key] += [(segment_id, entry) for entry in found]
-    return entries
 
 
 def load_statistics(kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:
@@ -354,7 +336,7 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
         if not reads or _lacks_required(query, statistics):
             return [], statistics  # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在
         # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
-        snapshot.entries.update(_dictionary_entries(
+        snapshot.entries.update(DICTIONARIES.entries(
             cursor, kb_id, snapshot.segments, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
         # 倒排按查询词的位置（slot）标号：同一词位既是精确词又落在某个前缀词里时各算各的，前缀词的各词位共用一个号
         # （打分时同一分块在一个位上的词频先相加再饱和）

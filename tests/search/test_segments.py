@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from documents.filters import SearchFilters
 from documents.models import Document, DocumentChunk
@@ -20,7 +21,7 @@ from knowledge.models import KnowledgeBase
 from ops.tasks import compact_fulltext, maintain_fulltext
 from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
-from raglib.lexicon import unpack_dictionary_block
+from raglib.lexicon import DictionaryBlock, Entry, unpack_dictionary_block
 from search import bm25, segments
 from search.retrieval import fulltext_search
 from search.segment_cache import DICTIONARIES, SegmentDictionaries
@@ -224,13 +225,13 @@ def test_a_prefix_term_reads_dictionary_blocks_only_when_its_postings_are_read(
     """孤立的单字（前缀词）的 df 来自按首字的汇总；只有额度里要读它的倒排时才去取以它开头的词典块。"""
     segments.compact(in_l0.id)
     asked: list[tuple[str, bool]] = []
-    real = bm25._dictionary_entries
+    real = DICTIONARIES.entries
 
     def recording(cursor: Any, kb_id: Any, found: Any, keys: Any) -> Any:
         asked.extend(keys)
         return real(cursor, kb_id, found, keys)
 
-    monkeypatch.setattr(bm25, "_dictionary_entries", recording)
+    monkeypatch.setattr(DICTIONARIES, "entries", recording)
     query = analysis.parse_query("乙肝病毒 肝", analyzer="bigram")
     assert ("肝", True) in {(t.lexeme, t.prefix) for t in query.terms}
     read: dict[int, bool] = {}
@@ -370,6 +371,34 @@ def test_cached_dictionaries_never_serve_a_rebuilt_segment_its_old_blocks(in_l0:
     assert _results(in_l0) == with_old_cache and DICTIONARIES.cached_bytes == 0
 
 
+@pytest.mark.django_db
+def test_cached_entries_answer_exactly_like_the_blocks_and_skip_the_database(in_l0: KnowledgeBase) -> None:
+    """精确词的词条缓存（含“这个段里没有它”）给出的条目与每次从词典块里找的逐一相同；第二次不查库。"""
+    segments.compact(in_l0.id, batch=3)
+    present = sorted({term.lexeme for text in TEXTS
+                      for term in analysis.parse_query(text[:40], analyzer="bigram").terms})
+    # 比段里全部首词都小的、中间没有的、比全部都大的
+    keys = [(lexeme, False) for lexeme in [*present, "\x01", "不存在的词位", "\U0010fff0"]]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT segment_id, generation FROM fulltext_segments WHERE knowledge_base_id = %s"
+                       " ORDER BY segment_id", [in_l0.id])
+        segs = [(int(segment_id), int(generation)) for segment_id, generation in cursor.fetchall()]
+        expected: dict[tuple[str, bool], list[tuple[int, Any]]] = {key: [] for key in keys}
+        for segment_id, block_keys, data in SegmentDictionaries().blocks(cursor, in_l0.id, segs, keys):
+            block = DictionaryBlock(data)
+            for key in block_keys:
+                expected[key] += [(segment_id, entry) for entry in [block.find(key[0])] if entry]
+        cache = SegmentDictionaries()
+        first = cache.entries(cursor, in_l0.id, segs, keys)
+        with CaptureQueriesContext(connection) as queries:
+            second = cache.entries(cursor, in_l0.id, segs, keys)
+    assert len(segs) > 1
+    assert first == second == expected
+    assert sum(len(found) for found in first.values()) > len(present) // 2
+    assert not first[("不存在的词位", False)]
+    assert len(queries) == 0
+
+
 def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> None:
     settings.FULLTEXT_DICTIONARY_CACHE_MB = 1
     cache = SegmentDictionaries()
@@ -380,6 +409,11 @@ def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> No
     assert set(cache._cached({(0, 7, "a"): None, (0, 7, "b"): None, (0, 7, "c"): None})) == {(0, 7, "b"), (0, 7, "c")}
     cache._remember({(0, 7, "huge"): bytes(2 * 1024 * 1024)})  # 超过整个上限的块不缓存
     assert cache.cached_bytes == 2 * len(block)
+    # 词条与块在同一个 LRU、同一份预算里：固定开销加内联倒排
+    cache._remember_entries({(7, "肝"): Entry("肝", 3, b"\x01\x02"), (7, "无"): None})
+    assert cache.cached_bytes == 2 * len(block) + 2 * 200 + 2
+    assert cache._cached_entries([(0, 7)], [("肝", False), ("无", False), ("别的", False)]) == {
+        (0, ("肝", False)): Entry("肝", 3, b"\x01\x02"), (0, ("无", False)): None}
 
 
 @pytest.mark.django_db(transaction=True)
