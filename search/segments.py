@@ -40,19 +40,19 @@ from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
 MERGE_FACTOR = 8
 # 第 0 层的上界（分块数）：比这小的段都算同一层
 _BASE_DOCS = 1000
-# 并出来的段最多这么多个分块（Lucene 的 maxMergedSegmentMB）：内存不是限制（见 _SLICE_DOCS），
-# 但一次并段是一个事务、持着知识库统计行的锁（这期间这个库的合并都等着），段再大就要很久；
-# 更大的知识库由多个这样的段组成，查询逐段读
-_MAX_MERGED_DOCS = 200_000
 # 闲时合并（merge_idle）：前一个段不超过已收的段合计的这么多倍、或不超过这么多个分块（并一次只要十几秒），
 # 才收进来（见 _idle_run）
 _IDLE_MERGE_RATIO = 4
 _IDLE_MERGE_FLOOR = 20_000
 # 段内被删的分块超过这个比例就单独重写
 _PURGE_RATIO = 0.1  # 见模块说明的合并策略
-# 并段按词位分片读、写：一片约是这么多个分块的倒排。进程内存只与一片有关，与并出的段多大无关
-# （整段读进内存时并 10 万块要 3.5 GB，分片后约 1 GB，bench/pages/fulltext_engine.md）
+# 并段按词位分片读、写：一片约是这么多个分块的倒排（整段读进内存时并 10 万块要 3.5 GB，分片后约 1 GB，
+# bench/pages/fulltext_engine.md；并 100 万块的段峰值约 2.3 GB）
 _SLICE_DOCS = 20_000
+# 并出来的段最多 RAG_FULLTEXT_MAX_SEGMENT_CHUNKS 个分块（Lucene 的 maxMergedSegmentMB）。段数是大库查询的主要代价：
+# 每个查询词在每个段里各查一次词典、各读一份按比例分摊的倒排块——100 万块的库 5 个 20 万块的段时 p95 11~12 ms，
+# 并成 1 个段 4.5~5.4 ms，与 10 万块的库相同（bench/pages/fulltext_scale.md）。代价：一次并段是一个事务、持着
+# 知识库统计行的锁（这期间这个库的 L0 合并等着，写入照常进 L0），并 100 万块约 1 分钟
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def _merge_due(cursor: Any, kb_id: uuid.UUID, next_segment: int) -> CompactResul
         segments = _segments(cursor, kb_id)
         tail = segments[-MERGE_FACTOR:]
         if (len(tail) < MERGE_FACTOR or len({_tier(segment.docs) for segment in tail}) != 1
-                or sum(segment.docs for segment in tail) > _MAX_MERGED_DOCS):
+                or sum(segment.docs for segment in tail) > settings.FULLTEXT_MAX_SEGMENT_CHUNKS):
             break
         result += _merge(cursor, kb_id, tail, next_segment)
         next_segment += 1
@@ -261,7 +261,7 @@ def _merge_due(cursor: Any, kb_id: uuid.UUID, next_segment: int) -> CompactResul
 
 def merge_all(kb_id: uuid.UUID) -> CompactResult:
     """把知识库的段尽量并成少数几个大段（Lucene 的 forceMerge）：从最早的段起，相邻的段依次并进来，直到再并就超过
-    ``_MAX_MERGED_DOCS``。每个大段一个事务。
+    ``RAG_FULLTEXT_MAX_SEGMENT_CHUNKS``。每个大段一个事务。
 
     大批写入（升级时整库转换、批量导入）之后用：每个段都有一份自己的罕见词词典，100k 个分块的 5 个段里有 474 万个
     词条、其实只有 241 万个不同的词；并成一个段词典几乎减半，查询也少查几个段。``manage.py compact_fulltext --merge``。
@@ -321,7 +321,7 @@ def _next_run(segments: Sequence[_Segment]) -> list[_Segment] | None:
     while start < len(segments):
         run = [segments[start]]
         for segment in segments[start + 1:]:
-            if sum(s.docs for s in run) + segment.docs > _MAX_MERGED_DOCS:
+            if sum(s.docs for s in run) + segment.docs > settings.FULLTEXT_MAX_SEGMENT_CHUNKS:
                 break
             run.append(segment)
         if len(run) > 1:
@@ -332,7 +332,7 @@ def _next_run(segments: Sequence[_Segment]) -> list[_Segment] | None:
 
 def _idle_run(segments: Sequence[_Segment]) -> list[_Segment] | None:
     """闲时要并的一串段：从最新的段往前收，前一个段不超过已收的 ``_IDLE_MERGE_RATIO`` 倍（或不超过
-    ``_IDLE_MERGE_FLOOR`` 个分块）、并起来也不超过 ``_MAX_MERGED_DOCS`` 就收进来；不到两个段返回 None。
+    ``_IDLE_MERGE_FLOOR`` 个分块）、并起来也不超过 ``RAG_FULLTEXT_MAX_SEGMENT_CHUNKS`` 就收进来；不到两个段返回 None。
 
     比例限制写放大：零星写入留下的小段不会让一个大段一次次被整个重写（10 万块的段后面跟一个 10 块的段，不并）；
     下限让批量导入最后那一小批（几百块）不挡住前面的段。批量导入留下的分层的段（每层比下一层大约
@@ -341,7 +341,7 @@ def _idle_run(segments: Sequence[_Segment]) -> list[_Segment] | None:
     docs = sum(segment.docs for segment in run)
     for segment in reversed(segments[:-1]):
         if (segment.docs > max(_IDLE_MERGE_RATIO * docs, _IDLE_MERGE_FLOOR)
-                or docs + segment.docs > _MAX_MERGED_DOCS):
+                or docs + segment.docs > settings.FULLTEXT_MAX_SEGMENT_CHUNKS):
             break
         run.insert(0, segment)
         docs += segment.docs

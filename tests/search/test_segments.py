@@ -250,7 +250,8 @@ def test_a_prefix_term_reads_dictionary_blocks_only_when_its_postings_are_read(
 
 @pytest.mark.django_db
 def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: KnowledgeBase,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        settings: Any) -> None:
     monkeypatch.setattr(segments, "MERGE_FACTOR", 100)  # 合并策略不自动并：一个分块一个段
     segments.compact(in_l0.id, batch=1)
     assert _count("fulltext_segments", in_l0) == len(TEXTS)
@@ -261,14 +262,15 @@ def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: K
     assert _count("fulltext_segments", in_l0) == 1
     assert _results(in_l0) == expected
     assert segments.mismatches(in_l0.id) == []
-    monkeypatch.setattr(segments, "_MAX_MERGED_DOCS", 3)  # 上限之内分几段：8 个分块 → 不再并（已是一个 8 块的段）
+    settings.FULLTEXT_MAX_SEGMENT_CHUNKS = 3  # 上限之内分几段：8 个分块 → 不再并（已是一个 8 块的段）
     assert segments.merge_all(in_l0.id).segments == 0
 
 
 @pytest.mark.django_db
-def test_merge_all_respects_the_merged_segment_cap(in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_merge_all_respects_the_merged_segment_cap(in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch,
+                                                   settings: Any) -> None:
     monkeypatch.setattr(segments, "MERGE_FACTOR", 100)
-    monkeypatch.setattr(segments, "_MAX_MERGED_DOCS", 3)
+    settings.FULLTEXT_MAX_SEGMENT_CHUNKS = 3
     segments.compact(in_l0.id, batch=1)
     result = segments.merge_all(in_l0.id)
     with connection.cursor() as cursor:
@@ -504,7 +506,8 @@ def test_idle_merges_take_the_newest_segments_without_rewriting_a_big_one_for_a_
     assert run([*tiered, 300]) == [*tiered, 300]
     assert run([150_000, 10]) is None  # 一个大段后面跟一个小段：不为 10 个分块重写 15 万个
     assert run([150_000, 15_000, 10]) == [15_000, 10]
-    assert run([120_000, 60_000, 30_000]) == [60_000, 30_000]  # 再收 12 万就超过一个段的上限
+    assert run([120_000, 60_000, 30_000]) == [120_000, 60_000, 30_000]
+    assert run([600_000, 300_000, 150_000]) == [300_000, 150_000]  # 再收 60 万就超过一个段的上限（100 万）
     assert run([5_000]) is None and run([]) is None
 
 
