@@ -508,6 +508,8 @@ def test_idle_merges_take_the_newest_segments_without_rewriting_a_big_one_for_a_
     assert run([150_000, 15_000, 10]) == [15_000, 10]
     assert run([120_000, 60_000, 30_000]) == [120_000, 60_000, 30_000]
     assert run([600_000, 300_000, 150_000]) == [300_000, 150_000]  # 再收 60 万就超过一个段的上限（100 万）
+    # 100 万块按默认策略写出来的 25 个 4 万块的段（bench/pages/fulltext_scale.md）：闲下来并成一个
+    assert run([40_000] * 25) == [40_000] * 25 and run([40_000] * 26) == [40_000] * 25
     assert run([5_000]) is None and run([]) is None
 
 
