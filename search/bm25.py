@@ -86,20 +86,18 @@ def _snapshot_cursor() -> Iterator[Any]:
     同一线程上后面的事务（写入）不受影响。
     """
     conn = search_connection()
-    if conn.in_atomic_block:
-        with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-            yield cursor
-        return
-    conn.ensure_connection()
-    raw = conn.connection
-    previous = raw.isolation_level, raw.read_only
-    raw.isolation_level, raw.read_only = IsolationLevel.REPEATABLE_READ, True
+    raw, previous = None, (None, None)
+    if not conn.in_atomic_block:
+        conn.ensure_connection()
+        raw = conn.connection
+        previous = raw.isolation_level, raw.read_only
+        raw.isolation_level, raw.read_only = IsolationLevel.REPEATABLE_READ, True
     try:
         with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
             yield cursor
     finally:
         # 连接断了（状态不是空闲）时它不会再被用：Django 会换新连接，新连接的设置本来就是默认的
-        if raw.info.transaction_status == TransactionStatus.IDLE:
+        if raw is not None and raw.info.transaction_status == TransactionStatus.IDLE:
             raw.isolation_level, raw.read_only = previous
 
 

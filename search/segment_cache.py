@@ -125,7 +125,7 @@ class SegmentDictionaries:
                 " JOIN fulltext_dictionary d ON d.knowledge_base_id = %s AND d.segment_id = k.s"
                 " AND d.first_lexeme = k.f",
                 [[block[0] for block in missing], [block[2] for block in missing], kb_id])
-            generations = {segment_id: generation for segment_id, generation in segments}
+            generations = dict(segments)
             # 缓存解压后的字节：解压只在取回时做一次（一块约 10 微秒），命中缓存的查询不再付
             fetched = {(int(segment_id), generations[int(segment_id)], first): unpack_dictionary_block(bytes(data))
                        for segment_id, first, data in cursor.fetchall()}
@@ -156,30 +156,29 @@ class SegmentDictionaries:
     def _cached_entries(self, segments: Sequence[tuple[int, int]],
                         keys: Sequence[Key]) -> dict[tuple[int, Key], Entry | None]:
         """词条缓存里有的：{(段号, 查询词): 条目，或 None 表示这个段里没有它}。"""
-        answered: dict[tuple[int, Key], Entry | None] = {}
-        with self._lock:
-            for segment_id, generation in segments:
-                for key in keys:
-                    value = self._blocks.get((generation, key[0], 0))
-                    if value is None:
-                        continue
-                    self._blocks.move_to_end((generation, key[0], 0))
-                    answered[(segment_id, key)] = Entry(key[0], *value) if value is not _ABSENT else None
-        return answered
+        hits = self._hits([(generation, key[0], 0) for _, generation in segments for key in keys])
+        return {(segment_id, key): Entry(key[0], *value) if value is not _ABSENT else None
+                for segment_id, generation in segments for key in keys
+                if (value := hits.get((generation, key[0], 0))) is not None}
 
     def _remember_entries(self, learned: dict[tuple[int, str], Entry | None]) -> None:
         self._store({(generation, lexeme, 0): _ABSENT if entry is None else (entry.df, entry.inline)
                      for (generation, lexeme), entry in learned.items()})
 
     def _cached(self, wanted: dict[tuple[int, int, str], Any]) -> dict[tuple[int, int, str], bytes]:
-        found: dict[tuple[int, int, str], bytes] = {}
+        hits = self._hits([(block[1], block[2]) for block in wanted])
+        return {block: hits[(block[1], block[2])] for block in wanted if (block[1], block[2]) in hits}
+
+    def _hits(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], Any]:
+        """LRU 里有的那些键与值；命中的挪到最近用的一端。"""
+        hits: dict[tuple[Any, ...], Any] = {}
         with self._lock:
-            for block in wanted:
-                data = self._blocks.get((block[1], block[2]))
-                if data is not None:
-                    self._blocks.move_to_end((block[1], block[2]))
-                    found[block] = data
-        return found
+            for key in keys:
+                value = self._blocks.get(key)
+                if value is not None:
+                    self._blocks.move_to_end(key)
+                    hits[key] = value
+        return hits
 
     def _remember(self, fetched: dict[tuple[int, int, str], bytes]) -> None:
         self._store({(generation, first): data for (_, generation, first), data in fetched.items()})
