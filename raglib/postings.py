@@ -103,8 +103,10 @@ def impacts(title_tf: np.ndarray, body_tf: np.ndarray, norms: np.ndarray) -> np.
     只决定截断读取时先读谁，不参与打分；算在存下来的值上（词频截到 ``TF_MAX``、长度取解码值），
     合并块时才能原样重算。
     """
-    title = np.clip(np.asarray(title_tf), 0, TF_MAX).astype(np.int32)
-    body = np.clip(np.asarray(body_tf), 0, TF_MAX).astype(np.int32)
+    title, body = np.asarray(title_tf), np.asarray(body_tf)
+    # 倒排里存的本来就是一个字节（Postings 的 uint8 字段），不必再截：查询截断读取时每次要算两万条
+    title = (title if title.dtype == np.uint8 else np.clip(title, 0, TF_MAX)).astype(np.int32)
+    body = (body if body.dtype == np.uint8 else np.clip(body, 0, TF_MAX)).astype(np.int32)
     return _IMPACTS[(2 * title + body) * 256 + np.asarray(norms, dtype=np.uint8)]
 
 
@@ -334,29 +336,35 @@ def stable_order(keys: np.ndarray, key_bits: int) -> np.ndarray:
     return np.sort((keys << index_bits) | np.arange(len(keys))) & ((1 << index_bits) - 1)
 
 
-def bm25_scores(postings: Postings, slots: Mapping[int, int], weights: Sequence[float], *,
+def bm25_scores(postings: Postings, slots: Mapping[int, int] | None, weights: Sequence[float], *,
                 k1: float, b: float, avgdl: float, title_weight: float) -> tuple[np.ndarray, np.ndarray]:
     """BM25 打分内核：返回 (升序且不重复的 doc, 分数)，只含至少有一条倒排落在某个查询词位上的 doc。
 
     ``slots`` 把词 id 映射到查询词位：前缀查询词覆盖很多词位，它们共用一个位，同一 doc 在这个位上的
-    加权词频先相加再饱和（与 ``raglib.bm25.chunk_score`` 一致）。``weights[slot]`` 已含 idf·qtf·(k1+1)。
+    加权词频先相加再饱和（与 ``raglib.bm25.chunk_score`` 一致）。``slots`` 为 None 时倒排的词 id 就是词位
+    （检索一路读倒排时就按词位标号），省掉逐条查映射。``weights[slot]`` 已含 idf·qtf·(k1+1)。
     长度用解码后的 ``NORM_LENGTHS[norm]``，同一 doc 的各条倒排相同。doc 可以是负数（还没压实的分块）。
     """
     empty = np.empty(0, np.int64), np.empty(0, np.float64)
-    if not slots or len(postings) == 0:
+    if (slots is not None and not slots) or len(postings) == 0:
         return empty
-    slot_terms = np.fromiter(slots.keys(), dtype=np.int64, count=len(slots))
-    slot_values = np.fromiter(slots.values(), dtype=np.int64, count=len(slots))
-    if slot_values.min() < 0 or slot_values.max() >= len(weights):
-        raise ValueError("词位必须在 [0, len(weights)) 内")
-    by_term = np.argsort(slot_terms)
-    slot_terms, slot_values = slot_terms[by_term], slot_values[by_term]
-    found = np.minimum(np.searchsorted(slot_terms, postings.terms), slot_terms.size - 1)
-    hit = np.flatnonzero(slot_terms[found] == postings.terms)
-    if hit.size == 0:
-        return empty
-    slot = slot_values[found[hit]]
-    docs = postings.docs[hit]
+    if slots is None:
+        if int(postings.terms.min()) < 0 or int(postings.terms.max()) >= len(weights):
+            raise ValueError("词位必须在 [0, len(weights)) 内")
+        slot, docs, hit = postings.terms.astype(np.int64), postings.docs, None
+    else:
+        slot_terms = np.fromiter(slots.keys(), dtype=np.int64, count=len(slots))
+        slot_values = np.fromiter(slots.values(), dtype=np.int64, count=len(slots))
+        if slot_values.min() < 0 or slot_values.max() >= len(weights):
+            raise ValueError("词位必须在 [0, len(weights)) 内")
+        by_term = np.argsort(slot_terms)
+        slot_terms, slot_values = slot_terms[by_term], slot_values[by_term]
+        found = np.minimum(np.searchsorted(slot_terms, postings.terms), slot_terms.size - 1)
+        hit = np.flatnonzero(slot_terms[found] == postings.terms)
+        if hit.size == 0:
+            return empty
+        slot = slot_values[found[hit]]
+        docs = postings.docs[hit]
 
     # 按 (doc, 词位) 排一次序，之后全是分段求和。两者拼成一个非负 int64 键（doc 可为负，先减去最小值），
     # 比 lexsort 或两次 np.unique 快一倍；范围大到拼不下时才退回 lexsort
@@ -366,15 +374,20 @@ def bm25_scores(postings: Postings, slots: Mapping[int, int], weights: Sequence[
         order = stable_order((docs - low) * n_slots + slot, (span - 1).bit_length())
     else:
         order = np.lexsort((slot, docs))
-    docs, slot, hit = docs[order], slot[order], hit[order]
+    docs, slot = docs[order], slot[order]
+    hit = order if hit is None else hit[order]
     pair_starts = np.flatnonzero(np.r_[True, (docs[1:] != docs[:-1]) | (slot[1:] != slot[:-1])])
     tfw = title_weight * postings.title_tf[hit].astype(np.float64) + postings.body_tf[hit]
-    tf = np.add.reduceat(tfw, pair_starts)
-    length = NORM_LENGTHS[postings.norms[hit[pair_starts]]]
+    if len(pair_starts) == len(docs):
+        # 每个 (doc, 词位) 只有一条倒排（没有前缀词时总是这样）：分段求和就是原样，也不必按段首取
+        tf, first, pair_slots, pair_docs = tfw, hit, slot, docs
+    else:
+        tf, first = np.add.reduceat(tfw, pair_starts), hit[pair_starts]
+        pair_slots, pair_docs = slot[pair_starts], docs[pair_starts]
+    length = NORM_LENGTHS[postings.norms[first]]
     denominator = tf + k1 * (1 - b) + k1 * b * length / max(avgdl, 1e-9)
     # 分母为 0 只可能是 tf=0（且 b=1、长度 0）：这一项贡献 0，避免 0/0
-    part = np.asarray(weights, dtype=np.float64)[slot[pair_starts]] * tf / np.where(denominator > 0, denominator, 1.0)
-    pair_docs = docs[pair_starts]
+    part = np.asarray(weights, dtype=np.float64)[pair_slots] * tf / np.where(denominator > 0, denominator, 1.0)
     doc_starts = first_of_runs(pair_docs)
     return pair_docs[doc_starts], np.add.reduceat(part, doc_starts)
 

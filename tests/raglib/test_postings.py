@@ -362,10 +362,11 @@ def test_bm25_scores_match_naive_reference(case: tuple[Postings, dict[int, int],
 
 
 @pytest.mark.parametrize("spread", [10, 2**55, 2**61])
-@pytest.mark.parametrize("identity", [True, False])
-def test_bm25_scores_every_sort_path_matches_the_reference(spread: int, identity: bool) -> None:
-    """doc 的跨度决定排序的路子（下标拼进键里直接排、argsort、lexsort），倒排按词位标号（检索时）还是经 slots 查表：
-    四种组合的结果都与直白写法相同。"""
+@pytest.mark.parametrize("slotting", ["none", "identity", "mapped"])
+def test_bm25_scores_every_sort_path_matches_the_reference(spread: int, slotting: str) -> None:
+    """doc 的跨度决定排序的路子（下标拼进键里直接排、argsort、lexsort），倒排按词位标号（检索时，slots 为 None
+    或恒等映射）还是经 slots 查表：各种组合的结果都与直白写法相同；不查表的与恒等映射的逐位相同。"""
+    identity = slotting != "mapped"
     rng = np.random.default_rng(spread % 97 + identity)
     n = 300
     docs = rng.integers(-spread, spread, 40)[rng.integers(0, 40, n)]
@@ -375,11 +376,14 @@ def test_bm25_scores_every_sort_path_matches_the_reference(spread: int, identity
     p = Postings(terms[keep], docs[keep], rng.integers(0, 3, keep.size), rng.integers(0, 9, keep.size), norms[keep])
     slots = {0: 0, 1: 1, 2: 2} if identity else {5: 0, 6: 0, 7: 2}
     params = {"k1": 1.2, "b": 0.75, "avgdl": 120.0, "title_weight": 2.0}
-    docs_out, scores = bm25_scores(p, slots, [1.5, 0.7, 2.2], **params)
+    docs_out, scores = bm25_scores(p, None if slotting == "none" else slots, [1.5, 0.7, 2.2], **params)
     expected = naive_scores(p, slots, [1.5, 0.7, 2.2], **params)
     assert docs_out.tolist() == sorted(expected)
     for doc, score in zip(docs_out.tolist(), scores.tolist(), strict=True):
         assert math.isclose(score, expected[doc], rel_tol=1e-9)
+    if slotting == "none":
+        mapped_docs, mapped_scores = bm25_scores(p, slots, [1.5, 0.7, 2.2], **params)
+        assert np.array_equal(docs_out, mapped_docs) and np.array_equal(scores, mapped_scores)
 
 LEXEMES = ["ab", "abc", "ac", "b", "ba"]  # 词 id 即下标
 
@@ -421,6 +425,10 @@ def test_bm25_rejects_slots_without_weight(slot: int) -> None:
     p = Postings(np.array([1]), np.array([5]), np.array([0]), np.array([1]), np.array([0]))
     with pytest.raises(ValueError, match="词位"):
         bm25_scores(p, {1: slot}, [1.0], k1=1.2, b=0.75, avgdl=100.0, title_weight=2.0)
+    # 不查表时倒排的词号本身就是词位，同样要有权重
+    unmapped = Postings(np.array([slot]), np.array([5]), np.array([0]), np.array([1]), np.array([0]))
+    with pytest.raises(ValueError, match="词位"):
+        bm25_scores(unmapped, None, [1.0], k1=1.2, b=0.75, avgdl=100.0, title_weight=2.0)
 
 
 def test_bm25_zero_tf_with_zero_denominator_scores_zero() -> None:

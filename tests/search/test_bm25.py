@@ -504,8 +504,9 @@ def test_scope_check_batches_are_the_full_ranking_cut_at_ties(seed: int) -> None
 
 @pytest.mark.parametrize("seed", range(30))
 def test_trim_keeps_the_strongest_rows_of_each_truncated_term(seed: int) -> None:
-    """截断读取的词每位只留影响力最高的 rows 条，同影响力按序号、再按读入先后（前缀词里同一分块的几个词位）；
-    不截断的词原样保留。对照逐位排序的直白写法。序号跨度大到键压不紧时（每隔几个种子）走稳定 argsort 那条路。"""
+    """截断读取的词每位只留影响力最高的 rows 条，同影响力按序号、再按读入先后（同一位上同一 doc 有几条时，
+    partition 找不出唯一的界，走稳定排序那条路）；rows 可以是 0；不截断的词原样保留。对照逐位排序的直白写法。
+    每隔几个种子序号跨到 2^31、一位上两万条。"""
     rng = np.random.default_rng(seed)
     slots, n = int(rng.integers(4, 6)), 20_000
     spread = 2**31 - 1  # 位 3 + 影响力 15 + 序号 31 + 下标 15 位，超过 63
