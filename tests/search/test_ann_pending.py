@@ -146,22 +146,25 @@ def test_a_graph_without_the_pending_clause_takes_every_chunk_until_rebuilt(sett
     settings.EXACT_SEARCH_MAX_CHUNKS = 0
     settings.ANN_KB_INDEX_MIN_CHUNKS = 1
     kb = kb_factory()
-    upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
-    _own_graph(kb, pending_clause=False)
-    old = ann.kb_index_state(kb.id)
-    assert old is not None and old.valid and not old.excludes_pending
-    second = upload(client_rw, kb, "b.md", SECOND_TEXT.encode(), run_on_commit).json()["document_id"]
-    assert not DocumentChunk.objects.filter(document_id=second, ann_pending=True).exists()
-    target = DocumentChunk.objects.filter(document_id=second).first()
-    assert target is not None
-    hits, method = vector_search(kb, _stored_vector(target), SearchFilters(), 1)
-    assert (method, hits[0].chunk_id) == ("kb_index:halfvec", target.id)
+    try:
+        upload(client_rw, kb, "a.md", BID_TEXT.encode(), run_on_commit)
+        _own_graph(kb, pending_clause=False)
+        old = ann.kb_index_state(kb.id)
+        assert old is not None and old.valid and not old.excludes_pending
+        second = upload(client_rw, kb, "b.md", SECOND_TEXT.encode(), run_on_commit).json()["document_id"]
+        assert not DocumentChunk.objects.filter(document_id=second, ann_pending=True).exists()
+        target = DocumentChunk.objects.filter(document_id=second).first()
+        assert target is not None
+        hits, method = vector_search(kb, _stored_vector(target), SearchFilters(), 1)
+        assert (method, hits[0].chunk_id) == ("kb_index:halfvec", target.id)
 
-    assert ann.kb_indexes_sync()["built"] == [str(kb.id)]
-    state = ann.kb_index_state(kb.id)
-    assert state is not None and state.valid and state.excludes_pending
-    third = upload(client_rw, kb, "c.md", THIRD_TEXT.encode(), run_on_commit).json()["document_id"]
-    assert DocumentChunk.objects.filter(document_id=third, ann_pending=True).exists()
+        assert ann.kb_indexes_sync()["built"] == [str(kb.id)]
+        state = ann.kb_index_state(kb.id)
+        assert state is not None and state.valid and state.excludes_pending
+        third = upload(client_rw, kb, "c.md", THIRD_TEXT.encode(), run_on_commit).json()["document_id"]
+        assert DocumentChunk.objects.filter(document_id=third, ann_pending=True).exists()
+    finally:
+        ann.kb_index_drop(kb_id=kb.id)  # 提交了的索引不随测试回滚：留着会让别的测试的同步多删一个
 
 
 def test_the_flush_runs_every_minute_on_the_fast_queue(settings) -> None:
