@@ -412,7 +412,7 @@ def _trim(postings: Postings, reads: Sequence[TermRead]) -> Postings:
     都在这里按额度收回，读到的工作量与 v1 的“按影响力读前 rows 行”相同。``postings.terms`` 是查询词的位。
 
     每个要截的位：键是 (影响力降序, 序号)，用 ``np.partition`` 在线性时间里找出第 ``rows`` 小的键，只留不大于它的。
-    要截的多半只是最后一块里的几十条，给全部两万条排序是白排（0.19 → 0.06 ms，bench/pages/fulltext_engine.md）。
+    要截的多半只是最后一块里的几十条，全部两万条排序是白排（整个截断 0.19 → 0.13 ms，bench/pages/fulltext_engine.md）。
     截断读取的都是精确词，同一个分块在一个位上只有一条倒排，键各不相同；万一有相同的键（同一分块的几条），
     按稳定排序保持读入的先后取前 ``rows`` 个。
     """
