@@ -143,7 +143,6 @@ from django.db import connection, connections, transaction  # noqa: E402
 from psycopg import sql as psql  # noqa: E402
 
 import search  # noqa: E402
-import search.bm25 as search_bm25  # noqa: E402
 from bench.fulltext_scale import (  # noqa: E402
     CHUNKS_PER_DOCUMENT,
     DIM,
@@ -390,25 +389,31 @@ class _SqlClock:
 
     @contextmanager
     def binary_fetches(self) -> Iterator[None]:
-        """倒排块按二进制格式取（``infra.routers.fetchall_binary``），不经 ``execute_wrapper``：期间把引擎里的那个
-        调用包一层计时，拆分里照样有这条语句。旧代码树（没有它）上什么也不做。"""
-        original = getattr(search_bm25, "fetchall_binary", None)
-        if original is None:
-            yield
-            return
+        """倒排块按二进制格式取（``infra.routers.fetchall_binary``），不经 ``execute_wrapper``：期间把引擎里调用它的
+        模块（段缓存；之前的代码树是 ``search.bm25``）里的那个名字包一层计时，拆分里照样有这条语句。没有它的旧代码树上
+        什么也不做。"""
+        attribute = "fetchall_binary"
+        modules = [module for name in ("search.segment_cache", "search.bm25")
+                   if importlib.util.find_spec(name) is not None
+                   and hasattr(module := importlib.import_module(name), attribute)]
+        originals = [getattr(module, attribute) for module in modules]
 
-        def timed(conn: Any, sql: str, params: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(conn, sql, params)
-            finally:
-                self.record(sql, time.perf_counter() - started)
+        def timing(original: Any) -> Any:
+            def timed(conn: Any, sql: str, params: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return original(conn, sql, params)
+                finally:
+                    self.record(sql, time.perf_counter() - started)
+            return timed
 
-        search_bm25.fetchall_binary = timed
+        for module, original in zip(modules, originals, strict=True):
+            setattr(module, attribute, timing(original))
         try:
             yield
         finally:
-            search_bm25.fetchall_binary = original
+            for module, original in zip(modules, originals, strict=True):
+                setattr(module, attribute, original)
 
     def total(self) -> float:
         return sum(sum(times) for times in self.spent.values())

@@ -401,7 +401,8 @@ BM25_MAX_POSTINGS = env_int(
     minimum=1)
 FULLTEXT_DICTIONARY_CACHE_MB = env_int(
     "RAG_FULLTEXT_DICTIONARY_CACHE_MB", 64,
-    "每个检索进程缓存全文段词典块与查询词词条的上限（MB，LRU）：段写出后不变，命中时查询不必为词典查库；0 为不缓存",
+    "每个检索进程缓存全文段词典块、查询词词条与常见词前几个倒排块的上限（MB，LRU）："
+    "段写出后不变，命中时查询不必为它们查库；0 为不缓存",
     minimum=0)
 FULLTEXT_COMPACT_BATCH = env_int(
     "RAG_FULLTEXT_COMPACT_BATCH", 5000,

@@ -15,8 +15,8 @@
 2. L0 里含查询词的分块的词频（GIN 索引），删除集的序号（统计行上的计数为 0 时都不读）；
 3. 由 df 算 IDF，按 :func:`raglib.bm25.allot_postings` 把 ``RAG_BM25_MAX_POSTINGS`` 条的读取额度分给各词：
    稀有词整条读（多半已内联在词典里），常见词只读影响力最高的几块；
-4. 倒排块按二进制结果格式取回（bytea 不经十六进制文本），在服务里用 numpy 解码、打分
-   （:func:`raglib.postings.bm25_scores`），去掉删除集，取前若干名换成分块 id，
+4. 倒排块先看段缓存（常见词影响力最高的几块多半在里面），缺的按二进制结果格式取回（bytea 不经十六进制文本），
+   在服务里用 numpy 解码、打分（:func:`raglib.postings.bm25_scores`），去掉删除集，取前若干名换成分块 id，
    再回表检查检索范围（状态、过滤条件）：没有过滤条件时先查 limit 个，不够再查下一批。
 
 各词的 df 之和不超过额度时（小知识库、具体的问题）结果与全量打分完全相同。
@@ -38,7 +38,7 @@ from django.db import connection, transaction
 from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
 
-from infra.routers import fetchall_binary, search_connection
+from infra.routers import search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms, lexeme_counts
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
 from raglib.lexicon import Entry
@@ -350,15 +350,8 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
                 wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), slot))
             for _, rows in _l0_rows(snapshot.l0, key):
                 l0_parts += [(slot, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
-        if wanted:
-            # 倒排块是一次查询里传得最多的数据：按二进制格式取（同一个事务、同一个快照）
-            pairs += [(int(slot), bytes(data)) for slot, data in fetchall_binary(
-                cursor.db,
-                "SELECT r.n, b.data FROM unnest(%s::int[], %s::text[], %s::int[], %s::int[]) AS r(s, l, k, n)"
-                " CROSS JOIN LATERAL (SELECT data FROM fulltext_blocks b WHERE b.knowledge_base_id = %s::uuid"
-                " AND b.segment_id = r.s AND b.lexeme = r.l AND b.block_no < r.k) b",
-                [[w[0] for w in wanted], [w[1] for w in wanted], [w[2] for w in wanted], [w[3] for w in wanted],
-                 kb_id])]
+        # 倒排块是一次查询里传得最多的数据：常见词的前几块多半在进程的段缓存里，缺的按二进制格式取（同一个快照）
+        pairs += DICTIONARIES.posting_blocks(cursor, kb_id, snapshot.segments, wanted)
         postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
         # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
         l0_chunks = sorted({part[1] for part in l0_parts})

@@ -22,7 +22,7 @@ from ops.tasks import compact_fulltext, maintain_fulltext
 from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
 from raglib.lexicon import DictionaryBlock, Entry, unpack_dictionary_block
-from search import bm25, segments
+from search import bm25, segment_cache, segments
 from search.retrieval import fulltext_search
 from search.segment_cache import DICTIONARIES, SegmentDictionaries
 from tests.sample_docs import MEDICAL_TEXTS
@@ -401,6 +401,46 @@ def test_cached_entries_answer_exactly_like_the_blocks_and_skip_the_database(in_
     assert len(queries) == 0
 
 
+def test_cached_posting_blocks_answer_like_the_database_and_fetch_only_what_is_missing(
+        kb_factory: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """常见词的倒排块按 (段的代号, 词位) 记在段缓存里：再查不取块；额度变大要更多块时只取后面缺的那几块；
+    结果与清空缓存、不缓存（上限 0）时逐一相同。"""
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
+                                       chunk_count=300)
+    # 300 个分块都含“复查”（3 个倒排块），长度各不相同；“病人”只在 20 个里（倒排内联在词典里）
+    DocumentChunk.objects.bulk_create(
+        DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=f"复查 {i}",
+                      search_vector="'复查':1" + (" '病人':2" if i % 15 == 0 else ""), search_length=2 + i % 17)
+        for i in range(300))
+    segments.compact(kb.id)
+    fetched: list[tuple[list[int], list[int]]] = []
+    real = segment_cache.fetchall_binary
+
+    def recording(conn: Any, sql: str, params: Any) -> Any:
+        fetched.append((list(params[2]), list(params[3])))  # 各词从第几块取、取到第几块之前
+        return real(conn, sql, params)
+
+    monkeypatch.setattr(segment_cache, "fetchall_binary", recording)
+    query = analysis.parse_query("复查 病人", analyzer="bigram")
+
+    def search(budget: int, *, clear: bool = False) -> list[tuple[int, float]]:
+        settings.BM25_MAX_POSTINGS = budget
+        if clear:
+            DICTIONARIES.clear()
+        return [(hit.chunk_id, hit.value) for hit in fulltext_search(kb, query, SearchFilters(), limit=50).hits]
+
+    small = search(200, clear=True)
+    assert fetched == [([0], [2])]  # “复查”读前 2 块
+    assert search(200) == small and len(fetched) == 1
+    large = search(400)
+    assert fetched[1:] == [([2], [3])]  # 只取缺的第 3 块
+    assert search(400) == large and len(fetched) == 2
+    assert search(200, clear=True) == small and search(400, clear=True) == large
+    settings.FULLTEXT_DICTIONARY_CACHE_MB = 0
+    assert search(200) == small and search(400) == large
+
+
 def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> None:
     settings.FULLTEXT_DICTIONARY_CACHE_MB = 1
     cache = SegmentDictionaries()
@@ -416,6 +456,10 @@ def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> No
     assert cache.cached_bytes == 2 * len(block) + 2 * 200 + 2
     assert cache._cached_entries([(0, 7)], [("肝", False), ("无", False), ("别的", False)]) == {
         (0, ("肝", False)): Entry("肝", 3, b"\x01\x02"), (0, ("无", False)): None}
+    # 一个词的倒排块前缀：固定开销加各块；变长时换掉旧的，不重复计数
+    cache._store({(7, "复查", 2): (bytes(10),)})
+    cache._store({(7, "复查", 2): (bytes(10), bytes(5))})
+    assert cache.cached_bytes == 2 * len(block) + 2 * 200 + 2 + 200 + 15
 
 
 @pytest.mark.django_db(transaction=True)
