@@ -389,9 +389,9 @@ class _SqlClock:
 
     @contextmanager
     def binary_fetches(self) -> Iterator[None]:
-        """倒排块按二进制格式取（``infra.routers.fetchall_binary``），不经 ``execute_wrapper``：期间把引擎里调用它的
-        模块（段缓存；之前的代码树是 ``search.bm25``）里的那个名字包一层计时，拆分里照样有这条语句。没有它的旧代码树上
-        什么也不做。"""
+        """旧代码树（3a6136e 及以前）的倒排块按二进制格式取（``infra.routers.fetchall_binary``），不经
+        ``execute_wrapper``：期间把引擎里调用它的模块（段缓存；更早是 ``search.bm25``）里的那个名字包一层计时，拆分里
+        照样有这条语句。现在的 ``fetchall_prepared`` 自己经过 ``execute_wrapper``，这里什么也不做。"""
         attribute = "fetchall_binary"
         modules = [module for name in ("search.segment_cache", "search.bm25")
                    if importlib.util.find_spec(name) is not None

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Sequence
@@ -80,15 +81,32 @@ def reset_replica_state() -> None:
         _replica_down_until = 0.0
 
 
-def fetchall_binary(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    """在 ``conn`` 当前的事务里执行一条查询，结果按二进制格式传回。
+def fetchall_prepared(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+                      binary: bool = False) -> list[tuple[Any, ...]]:
+    """在 ``conn`` 当前的事务里（不在事务里时是一条自动提交的语句）执行一条查询：服务端绑定参数、预备语句，
+    ``binary`` 时结果按二进制格式传回。给全文一路每个查询都要走的那几条语句用。
+
+    Django 的游标在客户端把参数拼进 SQL，每次执行服务端都要重新解析、规划：全文一路的统计与回表两条语句各自的规划
+    比执行还贵（约 0.06 与 0.10 ms）。这里用 psycopg 的服务端绑定游标并要求预备（``prepare=True``）：同一个连接上
+    同一条 SQL 第一次执行时预备，之后只传参数，PostgreSQL 复用规划（bench/pages/fulltext_engine.md，“预备语句”）。
+    参数要在 SQL 里写明类型（如 ``%s::int[]``）。连接设置 ``RAG_DB_PREPARED_STATEMENTS=false`` 时
+    （事务模式的 PgBouncer 1.21 以前不认预备语句）不预备，其余照旧。
 
     bytea 在文本格式里是两倍长的十六进制：全文一路一次读上百个倒排块（约 100 KB），服务端编码、客户端解码占了那条
-    语句四成的时间（0.61 → 0.37 ms，bench/pages/fulltext_engine.md）。Django 的游标在客户端拼参数，不支持二进制
-    结果，所以这里用 psycopg 的服务端绑定游标（参数要在 SQL 里写明类型，如 ``%s::int[]``）；错误照样转成 Django
-    的数据库异常。它不经过 Django 的 ``execute_wrapper``：调试日志与 django-prometheus 的语句计数里没有这条语句。
+    语句四成的时间（0.61 → 0.37 ms），所以倒排块按二进制取。
+
+    语句照样经过连接上的 ``execute_wrapper``（bench 的按语句计时靠它），错误照样转成 Django 的数据库异常；
+    它不经过 Django 的调试游标与 django-prometheus 的游标：调试日志与语句计数里没有这些语句。
     """
     conn.ensure_connection()
-    with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
-        cursor.execute(sql, params, binary=True)
-        return cursor.fetchall()
+
+    def execute(sql: str, params: Sequence[Any], many: bool, context: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
+            cursor.execute(sql, params, binary=binary, prepare=True)
+            return cursor.fetchall()
+
+    # 与 Django 的 CursorWrapper._execute_with_wrappers 同样的套法：先登记的包在最外层
+    executor: Any = execute
+    for wrapper in reversed(conn.execute_wrappers):
+        executor = functools.partial(wrapper, executor)
+    return executor(sql, params, False, {"connection": conn, "cursor": None})

@@ -129,6 +129,9 @@ def _connection_options(db: dict[str, object]) -> dict[str, object]:
     assert isinstance(options, dict)
     # 每个连接都带上 ef_search；vector 扩展加载前该 GUC 只是占位变量，PostgreSQL 允许先设置
     options["options"] = f"{options.get('options', '')} -c hnsw.ef_search={HNSW_EF_SEARCH}".strip()
+    # psycopg 的预备阈值：None 时连显式要求预备（prepare=True）的语句也不预备。Django 自己的游标在客户端拼参数，
+    # 从不预备，所以这个阈值只管服务端绑定游标，也就是 fetchall_prepared 的那几条
+    options["prepare_threshold"] = 5 if DB_PREPARED_STATEMENTS else None
     db["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
     db["CONN_HEALTH_CHECKS"] = True
     return db
@@ -139,6 +142,10 @@ EMBEDDED_SHARED_BUFFERS_MB = env_int(
     "内嵌 PostgreSQL 的 shared_buffers（MB），下次启动内嵌服务器时生效；0 为自动：内存（含容器上限）的 1/4，"
     "128~4096 之间", minimum=0)
 DB_CONN_MAX_AGE = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
+# 全文一路每个查询都要走的几条语句用预备语句（infra.routers.fetchall_prepared）；事务模式的 PgBouncer 1.21 以前
+# 不认预备语句，那时关掉
+DB_PREPARED_STATEMENTS = env_bool("RAG_DB_PREPARED_STATEMENTS", True,
+                                  "全文检索的热语句用预备语句（事务模式、1.21 以前的 PgBouncer 后面要关掉）")
 # 上一轮无错用完不到这么久的连接，下一轮开始时跳过健康检查的 SELECT 1（infra.postgres_backend）
 DB_HEALTH_CHECK_WINDOW_MS = env_int("RAG_DB_HEALTH_CHECK_WINDOW_MS", 500,
                                     "上一轮无错用完不到这么多毫秒的数据库连接跳过健康检查（0 为每轮都检查）",

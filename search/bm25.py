@@ -38,7 +38,7 @@ from django.db import connection, transaction
 from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
 
-from infra.routers import search_connection
+from infra.routers import fetchall_prepared, search_connection
 from raglib.analysis import ParsedQuery, QueryTerm, chunk_titles, document_terms, lexeme_counts
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
 from raglib.lexicon import Entry
@@ -111,7 +111,9 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
     keys = list(dict.fromkeys((t.lexeme, t.prefix) for t in terms))
     exact = [lexeme for lexeme, prefix in keys if not prefix]
     prefixes = [lexeme for lexeme, prefix in keys if prefix]
-    cursor.execute(
+    # 每个查询都走的语句：预备语句（infra.routers.fetchall_prepared），省去每次的解析与规划
+    rows = fetchall_prepared(
+        cursor.db,
         "SELECT s.chunk_count, s.total_length,"
         " (SELECT count(*) FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id),"
         " (SELECT coalesce(sum(length), 0) FROM fulltext_l0 l WHERE l.knowledge_base_id = s.knowledge_base_id),"
@@ -119,10 +121,10 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         " (SELECT coalesce(sum(length), 0) FROM fulltext_deleted d WHERE d.knowledge_base_id = s.knowledge_base_id),"
         " (SELECT array_agg(ARRAY[g.segment_id::bigint, g.generation] ORDER BY g.segment_id) FROM fulltext_segments g"
         "  WHERE g.knowledge_base_id = s.knowledge_base_id)"
-        " FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s", [kb_id])
-    row = cursor.fetchone()
-    if row is None:
+        " FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s::uuid", [kb_id])
+    if not rows:
         return _Snapshot(Bm25Statistics(0, 0.0, {}), [], {}, {}, np.zeros(0, dtype=np.int64))
+    row = rows[0]
     segments = [(int(segment_id), int(generation)) for segment_id, generation in row[6] or []]
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
@@ -511,18 +513,23 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
         keys = docs[batch].tolist()
         # 段里的候选给序号、L0 的给分块 id，在同一条语句里换成分块 id 与文档（少一次往返）；序号在这个快照里不在
         # fulltext_docs 的（不会出现：删除集已经滤掉）连不上分块，自然落选。同分按分块 id 升序
-        cursor.execute(
-            "SELECT c.id, t.score FROM unnest(%s::int[], %s::bigint[], %s::float8[]) AS t(ordinal, chunk, score)"
-            " CROSS JOIN LATERAL (SELECT d.chunk_id, d.document_id FROM fulltext_docs d"
-            " WHERE d.knowledge_base_id = %s AND d.ordinal = t.ordinal UNION ALL SELECT l.chunk_id, l.document_id"
-            " FROM fulltext_l0 l WHERE l.knowledge_base_id = %s AND l.chunk_id = t.chunk) k"
-            f" {check} ORDER BY t.score DESC, c.id LIMIT %s",
-            [_array_literal(key if key >= 0 else "NULL" for key in keys),
-             _array_literal(l0_chunks[-1 - key] if key < 0 else "NULL" for key in keys),
-             _array_literal(repr(float(score)) for score in scores[batch].tolist()), kb_id, kb_id,
-             *params, limit - len(hits)],
-        )
-        hits += [PathHit(int(chunk_id), float(score)) for chunk_id, score in cursor.fetchall()]
+        sql = ("SELECT c.id, t.score FROM unnest(%s::int[], %s::bigint[], %s::float8[]) AS t(ordinal, chunk, score)"
+               " CROSS JOIN LATERAL (SELECT d.chunk_id, d.document_id FROM fulltext_docs d"
+               " WHERE d.knowledge_base_id = %s::uuid AND d.ordinal = t.ordinal UNION ALL SELECT l.chunk_id,"
+               " l.document_id FROM fulltext_l0 l WHERE l.knowledge_base_id = %s::uuid AND l.chunk_id = t.chunk) k"
+               f" {check} ORDER BY t.score DESC, c.id LIMIT %s::int")
+        args = [_array_literal(key if key >= 0 else "NULL" for key in keys),
+                _array_literal(l0_chunks[-1 - key] if key < 0 else "NULL" for key in keys),
+                _array_literal(repr(float(score)) for score in scores[batch].tolist()), kb_id, kb_id,
+                *params, limit - len(hits)]
+        if documents is not None:
+            # 普通查询（最常见的那种）：SQL 只随范围的写法变，预备语句
+            found = fetchall_prepared(cursor.db, sql, args)
+        else:
+            # 过滤条件的参数类型各式各样（列表、JSON、日期），交给 Django 的游标在客户端适配
+            cursor.execute(sql, args)
+            found = cursor.fetchall()
+        hits += [PathHit(int(chunk_id), float(score)) for chunk_id, score in found]
         if len(hits) >= limit:
             break
     return hits

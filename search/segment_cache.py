@@ -40,7 +40,7 @@ from typing import Any
 
 from django.conf import settings
 
-from infra.routers import fetchall_binary
+from infra.routers import fetchall_prepared
 from raglib.lexicon import DictionaryBlock, Entry, unpack_dictionary_block
 
 # 前缀词的范围上界：以 p 开头的词位都小于 p + U+10FFFF（与查询一侧的 SQL 同一个约定）
@@ -155,14 +155,14 @@ class SegmentDictionaries:
                 needed[(segment_id, lexeme)] = max(count, needed.get((segment_id, lexeme), 0))
         if needed:
             fetched: dict[tuple[int, str], list[bytes]] = {}
-            for segment_id, lexeme, data in fetchall_binary(
+            for segment_id, lexeme, data in fetchall_prepared(
                     cursor.db,
                     "SELECT r.s, r.l, b.data FROM unnest(%s::int[], %s::text[], %s::int[], %s::int[]) AS r(s, l, f, k)"
                     " CROSS JOIN LATERAL (SELECT data, block_no FROM fulltext_blocks b"
                     " WHERE b.knowledge_base_id = %s::uuid AND b.segment_id = r.s AND b.lexeme = r.l"
                     " AND b.block_no >= r.f AND b.block_no < r.k) b ORDER BY r.s, r.l, b.block_no",
                     [[key[0] for key in needed], [key[1] for key in needed],
-                     [len(cached.get(keys[key], ())) for key in needed], list(needed.values()), kb_id]):
+                     [len(cached.get(keys[key], ())) for key in needed], list(needed.values()), kb_id], binary=True):
                 fetched.setdefault((int(segment_id), lexeme), []).append(bytes(data))
             grown = {keys[key]: cached.get(keys[key], ()) + tuple(fetched.get(key, ())) for key in needed}
             self._store(grown)

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from documents.filters import SearchFilters
 from infra.config import env_redis_url
 from infra.metrics import REPLICA_FALLBACKS
-from infra.routers import REPLICA, PrimaryReplicaRouter, fetchall_binary, reset_replica_state, search_connection
+from infra.routers import REPLICA, PrimaryReplicaRouter, fetchall_prepared, reset_replica_state, search_connection
 from knowledge.models import KnowledgeBase
 from search import ann
 from search.retrieval import vector_search
@@ -150,10 +150,26 @@ def test_redis_url_with_wrong_scheme_fails_fast(monkeypatch: pytest.MonkeyPatch)
         env_redis_url()
 
 
-def test_fetchall_binary_returns_raw_bytes_and_raises_django_errors() -> None:
-    """倒排块按二进制格式读：bytea 原样回来（不经十六进制），SQL 出错时是 Django 的数据库异常（调用方只认它）。"""
+def test_fetchall_prepared_prepares_returns_raw_bytes_and_raises_django_errors() -> None:
+    """全文一路的热语句：预备一次、之后复用（pg_prepared_statements 里有它），经过连接上的 execute_wrapper；
+    二进制结果里 bytea 原样回来（不经十六进制）；SQL 出错时是 Django 的数据库异常（调用方只认它）。"""
     conn = connections[DEFAULT_DB_ALIAS]
-    rows = fetchall_binary(conn, "SELECT %s::bytea, %s::int[], %s::text[]", [b"\x00\xff\x7f", [1, 2], ["肝", "a"]])
-    assert rows == [(b"\x00\xff\x7f", [1, 2], ["肝", "a"])]
+    sql = "SELECT %s::bytea, %s::int[], %s::text[]"
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with conn.execute_wrapper(wrapper):
+        for _ in range(2):
+            rows = fetchall_prepared(conn, sql, [b"\x00\xff\x7f", [1, 2], ["肝", "a"]], binary=True)
+            assert rows == [(b"\x00\xff\x7f", [1, 2], ["肝", "a"])]
+    assert seen == [sql, sql]
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement = %s",
+                       ["SELECT $1::bytea, $2::int[], $3::text[]"])
+        assert cursor.fetchone() == (1,)
+    assert fetchall_prepared(conn, "SELECT %s::int + 1", [41]) == [(42,)]
     with pytest.raises(DatabaseError):
-        fetchall_binary(conn, "SELECT no_such_column FROM fulltext_blocks", [])
+        fetchall_prepared(conn, "SELECT no_such_column FROM fulltext_blocks", [])

@@ -415,13 +415,13 @@ def test_cached_posting_blocks_answer_like_the_database_and_fetch_only_what_is_m
         for i in range(300))
     segments.compact(kb.id)
     fetched: list[tuple[list[int], list[int]]] = []
-    real = segment_cache.fetchall_binary
+    real = segment_cache.fetchall_prepared
 
-    def recording(conn: Any, sql: str, params: Any) -> Any:
+    def recording(conn: Any, sql: str, params: Any, **kwargs: Any) -> Any:
         fetched.append((list(params[2]), list(params[3])))  # 各词从第几块取、取到第几块之前
-        return real(conn, sql, params)
+        return real(conn, sql, params, **kwargs)
 
-    monkeypatch.setattr(segment_cache, "fetchall_binary", recording)
+    monkeypatch.setattr(segment_cache, "fetchall_prepared", recording)
     query = analysis.parse_query("复查 病人", analyzer="bigram")
 
     def search(budget: int, *, clear: bool = False) -> list[tuple[int, float]]:
