@@ -19,6 +19,15 @@
    在服务里用 numpy 解码、打分（:func:`raglib.postings.bm25_scores`），去掉删除集，取前若干名换成分块 id，
    再回表检查检索范围（状态、过滤条件）：没有过滤条件时先查 limit 个，不够再查下一批。
 
+每个查询都走的几条语句（统计行、回表、取倒排块）是预备语句（:func:`infra.routers.fetchall_prepared`），
+每个连接上规划一次。
+
+**合并完的库走一条语句**：上一个查询看到这个库 L0 与删除集都空时，段缓存记下它的统计行与段表
+（:class:`search.segment_cache.SettledState`）。之后的普通查询（没有过滤条件、不是短语 / 布尔 / exact）不开事务、
+不读统计行，按记下的统计做 1~4 步（词典与倒排多半都在段缓存里，缺的照样取：段不变，读到的还是那些段的），
+回表的那条语句在它自己的快照里同时核对记下的状态仍然成立；不成立就作废这一遍、在快照里重查
+（docs/INVARIANTS.md 的 SETTLED-STATE-CHECKED）。热缓存时一个查询只剩这一次往返。
+
 各词的 df 之和不超过额度时（小知识库、具体的问题）结果与全量打分完全相同。
 """
 
@@ -54,7 +63,7 @@ from raglib.postings import (
 )
 from search import segments
 from search.fulltext import Bm25Statistics, ChunkScope, FulltextHits, PathHit
-from search.segment_cache import DICTIONARIES, PREFIX_END
+from search.segment_cache import DICTIONARIES, PREFIX_END, SettledState
 
 # ---------------------------------------------------------------- 一个快照里的统计与候选
 
@@ -80,7 +89,7 @@ def _snapshot_cursor() -> Iterator[Any]:
 
     隔离级别写进 BEGIN（psycopg 连接的 ``isolation_level`` / ``read_only``，事务开始时拼成
     ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``），而不是 BEGIN 之后再发一条 ``SET TRANSACTION``：
-    全文一路一次查询只有五六次往返，这一次约占 0.15 ms。出了这个事务立刻改回连接原来的设置，
+    全文一路一次查询只有三四次往返，这一次约占 0.15 ms。出了这个事务立刻改回连接原来的设置，
     同一线程上后面的事务（写入）不受影响。
     """
     conn = search_connection()
@@ -107,10 +116,8 @@ def _l0_rows(l0: dict[str, list[tuple[int, int, int, int]]],
     return [(lexeme, rows) for lexeme, rows in l0.items() if lexeme.startswith(key[0])]
 
 
-def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> _Snapshot:
-    keys = list(dict.fromkeys((t.lexeme, t.prefix) for t in terms))
-    exact = [lexeme for lexeme, prefix in keys if not prefix]
-    prefixes = [lexeme for lexeme, prefix in keys if prefix]
+def _statistics_row(cursor: Any, kb_id: uuid.UUID) -> tuple[Any, ...] | None:
+    """统计行：(分块数, 总词数, L0 行数, L0 词数, 删除集行数, 删除集词数, [[段号, 代号], …])；库还没有统计行时 None。"""
     # 每个查询都走的语句：预备语句（infra.routers.fetchall_prepared），省去每次的解析与规划
     rows = fetchall_prepared(
         cursor.db,
@@ -122,9 +129,28 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
         " (SELECT array_agg(ARRAY[g.segment_id::bigint, g.generation] ORDER BY g.segment_id) FROM fulltext_segments g"
         "  WHERE g.knowledge_base_id = s.knowledge_base_id)"
         " FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s::uuid", [kb_id])
-    if not rows:
+    return rows[0] if rows else None
+
+
+def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm],
+                   settled: SettledState | None = None) -> _Snapshot:
+    """统计、各查询词的 df 与词典条目，L0 与删除集里的查询词。
+
+    ``settled`` 给出时不读统计行，当它就是统计行（L0 与删除集都空），由调用方在回表的语句里核对它还成立
+    （``_in_scope``）；否则读出来，顺带记下（或忘掉）这个库合并完的状态，给下一个查询用。
+    """
+    keys = list(dict.fromkeys((t.lexeme, t.prefix) for t in terms))
+    exact = [lexeme for lexeme, prefix in keys if not prefix]
+    prefixes = [lexeme for lexeme, prefix in keys if prefix]
+    if settled is not None:
+        row: tuple[Any, ...] | None = (settled.chunk_count, settled.total_length, 0, 0, 0, 0, settled.segments)
+    else:
+        row = _statistics_row(cursor, kb_id)
+        DICTIONARIES.remember_settled(kb_id, SettledState(int(row[0]), int(row[1]), tuple(
+            (int(segment_id), int(generation)) for segment_id, generation in row[6] or []))
+            if row is not None and not row[2] and not row[4] else None)
+    if row is None:
         return _Snapshot(Bm25Statistics(0, 0.0, {}), [], {}, {}, np.zeros(0, dtype=np.int64))
-    row = rows[0]
     segments = [(int(segment_id), int(generation)) for segment_id, generation in row[6] or []]
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
@@ -133,9 +159,8 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) ->
     segment_dfs: dict[tuple[str, bool], int] = {key: sum(entry.df for _, entry in found)
                                                 for key, found in entries.items()}
     if prefixes:
-        cursor.execute("SELECT prefix, sum(df) FROM fulltext_prefixes WHERE knowledge_base_id = %s"
-                       " AND prefix = ANY(%s::text[]) GROUP BY prefix", [kb_id, prefixes])
-        segment_dfs.update({(prefix, True): int(df) for prefix, df in cursor.fetchall()})
+        segment_dfs.update({(prefix, True): df
+                            for prefix, df in DICTIONARIES.prefix_dfs(cursor, kb_id, segments, prefixes).items()})
     # L0 与删除集：统计行的计数为 0 时不读（合并刚做完的库两者都空，省两次往返）
     l0 = _l0_terms(cursor, kb_id, exact, prefixes) if int(row[2]) else {}
     deleted = np.zeros(0, dtype=np.int64)
@@ -327,50 +352,70 @@ def _bm25_search(kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope,
     满足 tsquery。
     """
     params = _bm25_params()
+    # 合并完的库（上一个查询看到 L0 与删除集都空）：不开事务、不读统计行，回表的语句顺带核对（一次往返）
+    settled = DICTIONARIES.settled(kb_id) if scope.documents is not None and query.type == "plain" else None
+    if settled is not None:
+        with search_connection().cursor() as cursor:
+            found = _ranked(cursor, kb_id, query, scope, limit, params, settled)
+        if found is not None:
+            return found
+        DICTIONARIES.remember_settled(kb_id, None)
     with _snapshot_cursor() as cursor:
-        snapshot = _read_snapshot(cursor, kb_id, query.terms)
-        statistics = snapshot.statistics
-        reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, params),
-                               settings.BM25_MAX_POSTINGS)
-        if not reads or _lacks_required(query, statistics):
-            return [], statistics  # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在
-        # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
-        snapshot.entries.update(DICTIONARIES.entries(
-            cursor, kb_id, snapshot.segments, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
-        # 倒排按查询词的位置（slot）标号：同一词位既是精确词又落在某个前缀词里时各算各的，前缀词的各词位共用一个号
-        # （打分时同一分块在一个位上的词频先相加再饱和）
-        pairs: list[tuple[int, bytes]] = []
-        wanted: list[tuple[int, str, int, int]] = []  # (段号, 词位, 读几块, 位)
-        l0_parts: list[tuple[int, int, int, int, int]] = []  # (位, 分块 id, 词数, 标题词频, 正文词频)
-        for slot, read in enumerate(reads):
-            key = (read.scored.term.lexeme, read.scored.term.prefix)
-            for segment_id, entry in snapshot.entries.get(key, []):
-                if entry.inline is not None:
-                    pairs.append((slot, entry.inline))
-                    continue
-                share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
-                wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), slot))
-            for _, rows in _l0_rows(snapshot.l0, key):
-                l0_parts += [(slot, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
-        # 倒排块是一次查询里传得最多的数据：常见词的前几块多半在进程的段缓存里，缺的按二进制格式取（同一个快照）
-        pairs += DICTIONARIES.posting_blocks(cursor, kb_id, snapshot.segments, wanted)
-        postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
-        # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
-        l0_chunks = sorted({part[1] for part in l0_parts})
-        l0_key = {chunk_id: -1 - i for i, chunk_id in enumerate(l0_chunks)}
-        if l0_parts:
-            postings = Postings.concat([postings, Postings(
-                np.array([p[0] for p in l0_parts], dtype=np.int32),
-                np.array([l0_key[p[1]] for p in l0_parts], dtype=np.int64),
-                np.array([capped_tf(p[3]) for p in l0_parts], dtype=np.uint8),
-                np.array([capped_tf(p[4]) for p in l0_parts], dtype=np.uint8),
-                norm_bytes(np.array([p[2] for p in l0_parts], dtype=np.int64)))])
-        postings = _trim(postings, reads)
-        docs, scores = bm25_scores(postings, None, [r.scored.weight for r in reads], k1=params.k1, b=params.b,
-                                   avgdl=statistics.avgdl, title_weight=params.title_weight)
-        docs, scores = _with_required(query, reads, postings, docs, scores)
-        hits = _in_scope(cursor, kb_id, query, scope, docs, scores, l0_chunks, limit)
-    return hits, statistics
+        found = _ranked(cursor, kb_id, query, scope, limit, params, None)
+    assert found is not None  # 不带 settled 时总有结果
+    return found
+
+
+def _ranked(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, limit: int, params: Bm25Params,
+            settled: SettledState | None) -> tuple[list[PathHit], Bm25Statistics] | None:
+    """:func:`_bm25_search` 在 ``cursor`` 上的一遍。``settled`` 给出时统计取自它、不在一个快照里：段的块不变，
+    读到的都还是那些段的；回表的语句核对统计行、L0、删除集与段表仍是它，不是就返回 None（调用方忘掉它、
+    在快照里重查）。提前结束（没有可读的查询词）也返回 None：那时还没核对过。"""
+    snapshot = _read_snapshot(cursor, kb_id, query.terms, settled)
+    statistics = snapshot.statistics
+    reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, params),
+                           settings.BM25_MAX_POSTINGS)
+    if not reads or _lacks_required(query, statistics):
+        # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在
+        return None if settled is not None else ([], statistics)
+    # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
+    snapshot.entries.update(DICTIONARIES.entries(
+        cursor, kb_id, snapshot.segments, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
+    # 倒排按查询词的位置（slot）标号：同一词位既是精确词又落在某个前缀词里时各算各的，前缀词的各词位共用一个号
+    # （打分时同一分块在一个位上的词频先相加再饱和）
+    pairs: list[tuple[int, bytes]] = []
+    wanted: list[tuple[int, str, int, int]] = []  # (段号, 词位, 读几块, 位)
+    l0_parts: list[tuple[int, int, int, int, int]] = []  # (位, 分块 id, 词数, 标题词频, 正文词频)
+    for slot, read in enumerate(reads):
+        key = (read.scored.term.lexeme, read.scored.term.prefix)
+        for segment_id, entry in snapshot.entries.get(key, []):
+            if entry.inline is not None:
+                pairs.append((slot, entry.inline))
+                continue
+            share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
+            wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), slot))
+        for _, rows in _l0_rows(snapshot.l0, key):
+            l0_parts += [(slot, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
+    # 倒排块是一次查询里传得最多的数据：常见词的前几块多半在进程的段缓存里，缺的按二进制格式取（同一个快照；
+    # 带 settled 时是自动提交的一条语句，段不变，读到的还是那个段的块）
+    pairs += DICTIONARIES.posting_blocks(cursor, kb_id, snapshot.segments, wanted)
+    postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
+    # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
+    l0_chunks = sorted({part[1] for part in l0_parts})
+    l0_key = {chunk_id: -1 - i for i, chunk_id in enumerate(l0_chunks)}
+    if l0_parts:
+        postings = Postings.concat([postings, Postings(
+            np.array([p[0] for p in l0_parts], dtype=np.int32),
+            np.array([l0_key[p[1]] for p in l0_parts], dtype=np.int64),
+            np.array([capped_tf(p[3]) for p in l0_parts], dtype=np.uint8),
+            np.array([capped_tf(p[4]) for p in l0_parts], dtype=np.uint8),
+            norm_bytes(np.array([p[2] for p in l0_parts], dtype=np.int64)))])
+    postings = _trim(postings, reads)
+    docs, scores = bm25_scores(postings, None, [r.scored.weight for r in reads], k1=params.k1, b=params.b,
+                               avgdl=statistics.avgdl, title_weight=params.title_weight)
+    docs, scores = _with_required(query, reads, postings, docs, scores)
+    hits = _in_scope(cursor, kb_id, query, scope, docs, scores, l0_chunks, limit, settled)
+    return None if hits is None else (hits, statistics)
 
 
 def _lacks_required(query: ParsedQuery, statistics: Bm25Statistics) -> bool:
@@ -480,13 +525,27 @@ def _batches(docs: np.ndarray, scores: np.ndarray, limit: int, first: int) -> It
             start = end
 
 
+# 合并完的状态（SettledState）仍然成立：统计行未变，L0 与删除集都空，段表（段号、代号）未变
+_SETTLED_CHECK = (
+    "EXISTS (SELECT 1 FROM fulltext_kb_stats s WHERE s.knowledge_base_id = %s::uuid AND s.chunk_count = %s::bigint"
+    " AND s.total_length = %s::bigint)"
+    " AND NOT EXISTS (SELECT 1 FROM fulltext_l0 l WHERE l.knowledge_base_id = %s::uuid)"
+    " AND NOT EXISTS (SELECT 1 FROM fulltext_deleted d WHERE d.knowledge_base_id = %s::uuid)"
+    " AND (SELECT coalesce(array_agg(ARRAY[g.segment_id::bigint, g.generation] ORDER BY g.segment_id), '{}')"
+    " FROM fulltext_segments g WHERE g.knowledge_base_id = %s::uuid) = %s::bigint[]")
+
+
 def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, docs: np.ndarray,
-              scores: np.ndarray, l0_chunks: Sequence[int], limit: int) -> list[PathHit]:
+              scores: np.ndarray, l0_chunks: Sequence[int], limit: int,
+              settled: SettledState | None = None) -> list[PathHit] | None:
     """候选（段里的序号或 L0 的负键）按分数从高到低换成分块 id、回表检查范围，取前 ``limit`` 个。
 
     由小到大分批检查分数最高的候选：长问题会命中上千个分块，逐个换 id、回表占全文一路一半的时间，而没有过滤条件时
     前 limit 个几乎总在范围内；范围内的结果不够 limit 时才检查下一批（几百个），再不够才检查其余的——结果与一次
     做完全相同。同分按分块 id 升序：同分的候选不拆到两批里（拆开就可能把 id 更小的那个留到下一批）。
+
+    ``settled``（只在只看文档的普通查询上给出）：分数是按它、不在一个快照里算的，每一批的语句同时核对它，
+    在那条语句的快照里它成立，序号 → 分块与文档状态就是这个状态下的；不成立时返回 None。
     """
     hits: list[PathHit] = []
     # 没有过滤条件的普通查询只看分块所属的文档（ChunkScope.documents）；其余的要看分块行
@@ -522,7 +581,17 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
                 _array_literal(l0_chunks[-1 - key] if key < 0 else "NULL" for key in keys),
                 _array_literal(repr(float(score)) for score in scores[batch].tolist()), kb_id, kb_id,
                 *params, limit - len(hits)]
-        if documents is not None:
+        if settled is not None:
+            rows = fetchall_prepared(
+                cursor.db, f"SELECT v.ok, r.id, r.score FROM (SELECT {_SETTLED_CHECK} AS ok) v"
+                f" LEFT JOIN LATERAL ({sql}) r ON v.ok ORDER BY r.score DESC, r.id",
+                [kb_id, settled.chunk_count, settled.total_length, kb_id, kb_id, kb_id,
+                 "{" + ",".join(f"{{{segment},{generation}}}" for segment, generation in settled.segments) + "}",
+                 *args])
+            if not rows[0][0]:
+                return None
+            found = [(chunk_id, score) for _, chunk_id, score in rows if chunk_id is not None]
+        elif documents is not None:
             # 普通查询（最常见的那种）：SQL 只随范围的写法变，预备语句
             found = fetchall_prepared(cursor.db, sql, args)
         else:

@@ -23,6 +23,9 @@
   规范文本，PostgreSQL 压得动它，读时转回，``documents.0013``）。
   查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，只有额度里要读它的倒排时
   才取以它开头的词典块（常用字开头的词位有上千个）。
+  段不变，所以段的词典、按首字的 df 与常见词的前几个倒排块都缓存在检索进程里（:mod:`search.segment_cache`）；
+  合并完的库（L0 与删除集都空）上，热缓存的普通查询只发回表那一条语句，它顺带核对统计与段表没变
+  （docs/INVARIANTS.md 的 SETTLED-STATE-CHECKED）。
 
 ## 引擎的 SQL 在哪里
 

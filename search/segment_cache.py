@@ -21,9 +21,14 @@
   每个查询 92 → 20 µs；段越多省得越多，每个段都要查一遍）。
   条目存成只含字符串、整数与字节的普通元组：CPython 的垃圾回收会把这样的元组移出跟踪，缓存再大也不拖慢回收。
   前缀词一次是一串条目，照旧从块里取。
+- **按首字的 df**：前缀词在一个段里的 df 之和（``fulltext_prefixes``），按 (代号, 前缀) 记在同一个 LRU 里。
 - **倒排块**：一个词在一个段里已经取过的前几块（块号 0 起连续的一段，压缩的字节），按 (代号, 词位) 记在同一个 LRU、
   同一份预算里。常见词每个查询都要读影响力最高的那几块，命中时这条语句整个省掉（热缓存时每个查询约 0.4 ms）；
   要的块比记着的多时只取后面缺的那几块，接上再记。
+
+另记一样按知识库的：**合并完的库的统计行与段表**（:class:`SettledState`）。上一个查询看到这个库 L0 与删除集都空时
+记下分块数、总词数与 (段号, 代号)；下一个普通查询就不开事务、不读统计，直接用它算分，回表那条语句顺带核对它还成立
+（见 :mod:`search.bm25` 的 ``_bm25_search``）。不成立就忘掉它、按常规再查一遍。
 
 查询只用自己快照里段表列出的段：合并在查询中途提交，新段的目录要等下一个查询才读，旧段的块还在缓存里，照样读得到。
 进程内的线程（检索的线程池）共用一份缓存，读写都在一把锁里（只保护字典操作，不含数据库往返）。
@@ -36,6 +41,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Container, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -52,6 +58,17 @@ _ENTRY_BYTES = 200
 _ABSENT = ()
 
 Key = tuple[str, bool]
+# 记着合并完状态的知识库至多这么多个（每个几十字节加段表），最久没查的让位
+_SETTLED_KBS = 4096
+
+
+@dataclass(frozen=True)
+class SettledState:
+    """一个合并完的知识库（L0 与删除集都空）在某个快照里的统计行与段表。"""
+
+    chunk_count: int
+    total_length: int
+    segments: tuple[tuple[int, int], ...]  # (段号, 代号)，按段号
 
 
 class SegmentDictionaries:
@@ -60,10 +77,11 @@ class SegmentDictionaries:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._directories: dict[uuid.UUID, dict[int, list[str]]] = {}  # 知识库 → {代号: 各词典块的首词}
-        # (代号, 首词) → 词典块数据；(代号, 词位, 0) → 词条 (df, 内联倒排) 或 _ABSENT；(代号, 词位, 2) → 这个词
-        # 块号 0 起的前几个倒排块（bytes 的元组）。最近用的在后
+        # (代号, 首词) → 词典块数据；(代号, 词位, 0) → 词条 (df, 内联倒排) 或 _ABSENT；(代号, 前缀, 1) → 按首字
+        # 汇总的 df；(代号, 词位, 2) → 这个词块号 0 起的前几个倒排块（bytes 的元组）。最近用的在后
         self._blocks: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._bytes = 0
+        self._settled: OrderedDict[uuid.UUID, SettledState] = OrderedDict()
 
     @property
     def cached_bytes(self) -> int:
@@ -137,6 +155,35 @@ class SegmentDictionaries:
             self._remember(fetched)
             found.update(fetched)
         return [(block[0], block_keys, found[block]) for block, block_keys in wanted.items() if block in found]
+
+    def prefix_dfs(self, cursor: Any, kb_id: uuid.UUID, segments: Sequence[tuple[int, int]],
+                   prefixes: Sequence[str]) -> dict[str, int]:
+        """前缀词（孤立的单字）在这些段里的 df 之和：{前缀: df}，df 为 0 的不列。
+
+        段写出时按首字汇总的 df（``fulltext_prefixes``）也随段不变：按 (代号, 前缀) 记在同一个 LRU 里（段里没有的
+        记 0），缺的在 ``cursor`` 的快照里一条语句取回。以前每个带前缀词的查询都要单独查一次（约六分之一的查询，
+        每次约 0.4 ms）。
+        """
+        keys = {(generation, prefix, 1): (segment_id, prefix) for segment_id, generation in segments
+                for prefix in prefixes}
+        cached: dict[tuple[Any, ...], Any] = self._hits(list(keys))
+        missing = [key for key in keys if key not in cached]
+        if missing:
+            generations = dict(segments)
+            fetched = {key: 0 for key in missing}
+            for segment_id, prefix, df in fetchall_prepared(
+                    cursor.db,
+                    "SELECT p.segment_id, p.prefix, p.df FROM unnest(%s::int[], %s::text[]) AS k(s, p)"
+                    " JOIN fulltext_prefixes p ON p.knowledge_base_id = %s::uuid AND p.segment_id = k.s"
+                    " AND p.prefix = k.p",
+                    [[keys[key][0] for key in missing], [keys[key][1] for key in missing], kb_id]):
+                fetched[(generations[int(segment_id)], prefix, 1)] = int(df)
+            self._store(fetched)
+            cached.update(fetched)
+        totals: dict[str, int] = {}
+        for key, (_, prefix) in keys.items():
+            totals[prefix] = totals.get(prefix, 0) + int(cached[key])
+        return {prefix: df for prefix, df in totals.items() if df > 0}
 
     def posting_blocks(self, cursor: Any, kb_id: uuid.UUID, segments: Sequence[tuple[int, int]],
                        wanted: Sequence[tuple[int, str, int, int]]) -> list[tuple[int, bytes]]:
@@ -238,10 +285,30 @@ class SegmentDictionaries:
                 _, value = self._blocks.popitem(last=False)
                 self._bytes -= _size(value)
 
+    def settled(self, kb_id: uuid.UUID) -> SettledState | None:
+        """上一个查询记下的这个库合并完的状态；没有记着（或上次看到它有 L0、删除集）时是 None。"""
+        with self._lock:
+            state = self._settled.get(kb_id)
+            if state is not None:
+                self._settled.move_to_end(kb_id)
+            return state
+
+    def remember_settled(self, kb_id: uuid.UUID, state: SettledState | None) -> None:
+        """记下（``state`` 为 None 时忘掉）这个库合并完的状态。"""
+        with self._lock:
+            if state is None:
+                self._settled.pop(kb_id, None)
+                return
+            self._settled[kb_id] = state
+            self._settled.move_to_end(kb_id)
+            while len(self._settled) > _SETTLED_KBS:
+                self._settled.popitem(last=False)
+
     def clear(self) -> None:
         with self._lock:
             self._directories.clear()
             self._blocks.clear()
+            self._settled.clear()
             self._bytes = 0
 
 
@@ -249,6 +316,8 @@ def _size(value: Any) -> int:
     """缓存里一项计入预算的字节数：词典块是它的数据；词条是固定开销加内联倒排；一串倒排块是固定开销加各块。"""
     if isinstance(value, bytes):
         return len(value)
+    if isinstance(value, int):
+        return _ENTRY_BYTES
     if value and isinstance(value[0], bytes):
         return _ENTRY_BYTES + sum(len(block) for block in value)
     return _ENTRY_BYTES + (len(value[1] or b"") if value else 0)

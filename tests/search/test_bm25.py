@@ -34,6 +34,7 @@ from raglib.analysis import ParsedQuery
 from raglib.postings import Postings, impacts
 from search import bm25, segments
 from search.retrieval import fulltext_scores, fulltext_search
+from search.segment_cache import DICTIONARIES
 from tests.sample_docs import MEDICAL_TEXTS
 
 
@@ -272,6 +273,15 @@ def _assert_deleted_never_returned(kb: KnowledgeBase, gone: dict[int, str]) -> N
         assert chunk_id not in {hit.chunk_id for hit in hits}
 
 
+def _assert_settled_path_agrees(kb: KnowledgeBase) -> None:
+    """SETTLED-STATE-CHECKED：在快照里查一遍（记下合并完的状态，若是），再查一遍（合并完时走一条语句的那条路），
+    两遍结果逐一相同。"""
+    query = parse_query("高血压 乙肝 饮食 复查 hypertension liver")
+    DICTIONARIES.remember_settled(kb.id, None)
+    snapshot = fulltext_search(kb, query, SearchFilters(), limit=20).hits
+    assert fulltext_search(kb, query, SearchFilters(), limit=20).hits == snapshot
+
+
 @pytest.mark.django_db
 @hsettings(max_examples=30, deadline=None,
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -335,6 +345,7 @@ def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operatio
                     segments.compact(kb.id)
         assert segments.mismatches(kb.id) == []
         _assert_deleted_never_returned(kb, gone)
+        _assert_settled_path_agrees(kb)
     if cleanup:
         with django_capture_on_commit_callbacks(execute=True):
             knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)

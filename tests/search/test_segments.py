@@ -249,6 +249,41 @@ def test_a_prefix_term_reads_dictionary_blocks_only_when_its_postings_are_read(
 
 
 @pytest.mark.django_db
+def test_prefix_dfs_are_cached_per_segment_and_equal_the_table(in_l0: KnowledgeBase,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """前缀词按首字汇总的 df 按 (段的代号, 前缀) 缓存：与表里逐段相加相同（段里没有的不列），再查不进数据库。"""
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 100)
+    segments.compact(in_l0.id, batch=3)  # 几个段
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT segment_id, generation FROM fulltext_segments WHERE knowledge_base_id = %s"
+                       " ORDER BY segment_id", [in_l0.id])
+        found = [(int(segment_id), int(generation)) for segment_id, generation in cursor.fetchall()]
+        cursor.execute("SELECT prefix, sum(df) FROM fulltext_prefixes WHERE knowledge_base_id = %s"
+                       " AND prefix = ANY(%s) GROUP BY prefix", [in_l0.id, ["肝", "高", "无"]])
+        expected = {prefix: int(df) for prefix, df in cursor.fetchall()}
+    assert len(found) > 1 and expected["肝"] > 0 and "无" not in expected
+    DICTIONARIES.clear()
+    statements: list[str] = []
+
+    def recording(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(recording), connection.cursor() as cursor:
+        assert DICTIONARIES.prefix_dfs(cursor, in_l0.id, found, ["肝", "高", "无"]) == expected
+        assert len(statements) == 1
+        assert DICTIONARIES.prefix_dfs(cursor, in_l0.id, found, ["高", "无", "肝"]) == expected
+        assert len(statements) == 1
+        # 一个段的：与表里这个段的行相同（缓存里已有，仍不进数据库）
+        cursor.execute("SELECT prefix, df FROM fulltext_prefixes WHERE knowledge_base_id = %s AND segment_id = %s"
+                       " AND prefix = '肝'", [in_l0.id, found[0][0]])
+        first = {prefix: int(df) for prefix, df in cursor.fetchall()}
+        statements.clear()
+        assert DICTIONARIES.prefix_dfs(cursor, in_l0.id, found[:1], ["肝"]) == first
+        assert statements == []
+
+
+@pytest.mark.django_db
 def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: KnowledgeBase,
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         settings: Any) -> None:
@@ -578,3 +613,67 @@ def test_small_segment_tables_are_repacked_after_a_merge(in_l0: KnowledgeBase, s
     assert segments.repack_small_tables()
     assert tables_bytes() < before
     assert _results(in_l0) == expected and segments.mismatches(in_l0.id) == []
+
+
+def test_a_settled_knowledge_base_is_searched_in_one_statement_that_checks_its_state(
+        kb_factory: Any, settings: Any) -> None:
+    """合并完的库（L0 与删除集都空）：记下统计行与段表之后，普通查询不开事务、只发回表那一条语句（它同时核对
+    记下的状态）；结果与清空缓存、走快照时逐一相同。新写入、删除、并段之后状态不成立：这一遍作废，在快照里重查，
+    新分块立刻查得到、删掉的分块查不到；只出现在新分块里的词（按记下的统计 df 为 0，提前结束）也一样。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 10_000
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
+                                       chunk_count=40)
+    DocumentChunk.objects.bulk_create(
+        DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=f"复查 {i}",
+                      search_vector="'复查':1" + (" '病人':2" if i % 4 == 0 else ""), search_length=2 + i % 5)
+        for i in range(40))
+    segments.compact(kb.id)
+    statements: list[str] = []
+
+    def recording(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    def search(text: str) -> list[tuple[int, float]]:
+        with connection.execute_wrapper(recording):
+            hits = fulltext_search(kb, analysis.parse_query(text, analyzer="bigram"), SearchFilters(), limit=10).hits
+        return [(hit.chunk_id, hit.value) for hit in hits]
+
+    DICTIONARIES.clear()
+    first = search("复查 病人")
+    state = DICTIONARIES.settled(kb.id)
+    assert state is not None and state.chunk_count == 40 and len(state.segments) == 1
+    statements.clear()
+    assert search("复查 病人") == first
+    assert len(statements) == 1 and statements[0].startswith("SELECT v.ok")
+    # 过滤条件、短语查询不走这条路
+    statements.clear()
+    fulltext_search(kb, analysis.parse_query('"复查 病人"', analyzer="bigram"), SearchFilters(), limit=10)
+    assert not any(sql.startswith("SELECT v.ok") for sql in statements)
+
+    # 新写入（L0 不空）：记下的状态不成立，在快照里重查，新分块查得到，状态忘掉（下一个查询不再试）
+    new = DocumentChunk.objects.create(knowledge_base=kb, document=document, chunk_index=40, chunk_text="复查 病人 新",
+                                       search_vector="'复查':1 '病人':2 '新来':3", search_length=3)
+    statements.clear()
+    assert new.id in [chunk_id for chunk_id, _ in search("复查 病人")]
+    assert any(sql.startswith("SELECT v.ok") for sql in statements) and DICTIONARIES.settled(kb.id) is None
+    # 只在新分块里的词：按记下的统计它不在库里，也不能就此回答“没有”
+    segments.compact(kb.id)
+    search("复查")
+    assert DICTIONARIES.settled(kb.id) is not None
+    newer = DocumentChunk.objects.create(knowledge_base=kb, document=document, chunk_index=41, chunk_text="另外",
+                                         search_vector="'另外':1", search_length=1)
+    assert [chunk_id for chunk_id, _ in search("另外")] == [newer.id]
+    # 删除：删掉的分块立刻查不到
+    segments.compact(kb.id)
+    search("复查")
+    assert DICTIONARIES.settled(kb.id) is not None
+    top = search("病人")[0][0]
+    DocumentChunk.objects.filter(id=top).delete()
+    assert top not in [chunk_id for chunk_id, _ in search("病人")]
+    # 并段之后段表变了：结果与清空缓存时相同
+    segments.compact(kb.id)
+    after = search("复查 病人")
+    DICTIONARIES.clear()
+    assert search("复查 病人") == after
