@@ -495,6 +495,9 @@ def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> No
     cache._store({(7, "复查", 2): (bytes(10),)})
     cache._store({(7, "复查", 2): (bytes(10), bytes(5))})
     assert cache.cached_bytes == 2 * len(block) + 2 * 200 + 2 + 200 + 15
+    # 按首字的 df：固定开销
+    cache._store({(7, "肝", 1): 12})
+    assert cache.cached_bytes == 2 * len(block) + 2 * 200 + 2 + 200 + 15 + 200
 
 
 @pytest.mark.django_db(transaction=True)
