@@ -143,15 +143,16 @@ class SegmentDictionaries:
         found = self._cached(wanted)
         missing = [block for block in wanted if block not in found]
         if missing:
-            cursor.execute(
+            rows = fetchall_prepared(
+                cursor.db,
                 "SELECT d.segment_id, d.first_lexeme, d.data FROM unnest(%s::int[], %s::text[]) AS k(s, f)"
-                " JOIN fulltext_dictionary d ON d.knowledge_base_id = %s AND d.segment_id = k.s"
+                " JOIN fulltext_dictionary d ON d.knowledge_base_id = %s::uuid AND d.segment_id = k.s"
                 " AND d.first_lexeme = k.f",
-                [[block[0] for block in missing], [block[2] for block in missing], kb_id])
+                [[block[0] for block in missing], [block[2] for block in missing], kb_id], binary=True)
             generations = dict(segments)
             # 缓存解压后的字节：解压只在取回时做一次（一块约 10 微秒），命中缓存的查询不再付
             fetched = {(int(segment_id), generations[int(segment_id)], first): unpack_dictionary_block(bytes(data))
-                       for segment_id, first, data in cursor.fetchall()}
+                       for segment_id, first, data in rows}
             self._remember(fetched)
             found.update(fetched)
         return [(block[0], block_keys, found[block]) for block, block_keys in wanted.items() if block in found]
