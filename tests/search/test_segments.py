@@ -453,7 +453,8 @@ def test_cached_posting_blocks_answer_like_the_database_and_fetch_only_what_is_m
     real = segment_cache.fetchall_prepared
 
     def recording(conn: Any, sql: str, params: Any, **kwargs: Any) -> Any:
-        fetched.append((list(params[2]), list(params[3])))  # 各词从第几块取、取到第几块之前
+        if "fulltext_blocks" in sql:  # 取倒排块的那条（词典块、按首字的 df 也走这里）
+            fetched.append((list(params[2]), list(params[3])))  # 各词从第几块取、取到第几块之前
         return real(conn, sql, params, **kwargs)
 
     monkeypatch.setattr(segment_cache, "fetchall_prepared", recording)
