@@ -56,7 +56,7 @@ from raglib.postings import (
     Postings,
     bm25_scores,
     capped_tf,
-    decode_blocks,
+    decode_joined,
     impacts,
     norm_bytes,
     quantised_length,
@@ -75,7 +75,7 @@ class _Snapshot:
     statistics: Bm25Statistics
     # 快照里的段：(段号, 代号)，按段号
     segments: list[tuple[int, int]]
-    # (词位, 前缀?) → [(段号, 词典条目)]：精确词在读快照时取；前缀词（以它开头的全部条目）在确定要读它的倒排时才取
+    # (词位, 前缀?) → [(段号, 词典条目)]：精确词的，读快照时取；前缀词的条目在确定要读它的倒排时才取（不在这里）
     entries: dict[tuple[str, bool], list[tuple[int, Entry]]]
     # L0 里含查询词的行，按词位：[(分块 id, 词数, 标题词频, 正文词频)]
     l0: dict[str, list[tuple[int, int, int, int]]]
@@ -378,28 +378,33 @@ def _ranked(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope
     if not reads or _lacks_required(query, statistics):
         # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在
         return None if settled is not None else ([], statistics)
-    # 额度里要读倒排的前缀词，现在才取它们的词典条目（常见字的前缀词读不起，额度分配时已经跳过）
-    snapshot.entries.update(DICTIONARIES.entries(
-        cursor, kb_id, snapshot.segments, [(r.scored.term.lexeme, True) for r in reads if r.scored.term.prefix]))
+    # 额度里要读倒排的前缀词，现在才取它们的条目（常见字的前缀词读不起，额度分配时已经跳过）
+    prefixed = DICTIONARIES.prefix_entries(cursor, kb_id, snapshot.segments,
+                                           [r.scored.term.lexeme for r in reads if r.scored.term.prefix])
     # 倒排按查询词的位置（slot）标号：同一词位既是精确词又落在某个前缀词里时各算各的，前缀词的各词位共用一个号
     # （打分时同一分块在一个位上的词频先相加再饱和）
     pairs: list[tuple[int, bytes]] = []
+    joined: list[tuple[bytes, np.ndarray, int]] = []  # 前缀词在各段里拼好的内联倒排：(数据, 各条的字节数, 位)
     wanted: list[tuple[int, str, int, int]] = []  # (段号, 词位, 读几块, 位)
     l0_parts: list[tuple[int, int, int, int, int]] = []  # (位, 分块 id, 词数, 标题词频, 正文词频)
     for slot, read in enumerate(reads):
         key = (read.scored.term.lexeme, read.scored.term.prefix)
-        for segment_id, entry in snapshot.entries.get(key, []):
-            if entry.inline is not None:
-                pairs.append((slot, entry.inline))
-                continue
-            share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
-            wanted.append((segment_id, entry.lexeme, min(entry.blocks, math.ceil(share / BLOCK_SIZE)), slot))
+        if key[1]:
+            for segment_id, found in prefixed.get(key[0], []):
+                joined.append((found.joined, found.lengths, slot))
+                wanted += [(segment_id, entry.lexeme, _blocks_to_read(read, entry), slot) for entry in found.blocked]
+        else:
+            for segment_id, entry in snapshot.entries.get(key, []):
+                if entry.inline is not None:
+                    pairs.append((slot, entry.inline))
+                else:
+                    wanted.append((segment_id, entry.lexeme, _blocks_to_read(read, entry), slot))
         for _, rows in _l0_rows(snapshot.l0, key):
             l0_parts += [(slot, chunk_id, length, title, body) for chunk_id, length, title, body in rows]
     # 倒排块是一次查询里传得最多的数据：常见词的前几块多半在进程的段缓存里，缺的按二进制格式取（同一个快照；
     # 带 settled 时是自动提交的一条语句，段不变，读到的还是那个段的块）
-    pairs += DICTIONARIES.posting_blocks(cursor, kb_id, snapshot.segments, wanted)
-    postings = (decode_blocks(pairs) if pairs else Postings.empty()).without_docs(snapshot.deleted)
+    blocks = DICTIONARIES.posting_blocks(cursor, kb_id, snapshot.segments, wanted)
+    postings = _decode(pairs, joined, blocks).without_docs(snapshot.deleted)
     # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
     l0_chunks = sorted({part[1] for part in l0_parts})
     l0_key = {chunk_id: -1 - i for i, chunk_id in enumerate(l0_chunks)}
@@ -416,6 +421,29 @@ def _ranked(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope
     docs, scores = _with_required(query, reads, postings, docs, scores)
     hits = _in_scope(cursor, kb_id, query, scope, docs, scores, l0_chunks, limit, settled)
     return None if hits is None else (hits, statistics)
+
+
+def _decode(pairs: Sequence[tuple[int, bytes]], joined: Sequence[tuple[bytes, np.ndarray, int]],
+            blocks: Sequence[tuple[int, bytes]]) -> Postings:
+    """精确词的内联倒排、前缀词在各段里拼好的内联倒排、倒排块，按这个顺序一次解码（每次调用 numpy 有十几次的固定
+    开销）。同一个位里先内联、后块，与逐块排好再解码时相同：同一分块在前缀词的位上的几条倒排按这个先后相加。"""
+    if not pairs and not joined and not blocks:
+        return Postings.empty()
+    lengths = np.concatenate([np.fromiter((len(data) for _, data in pairs), dtype=np.int64, count=len(pairs)),
+                              *(part[1] for part in joined),
+                              np.fromiter((len(data) for _, data in blocks), dtype=np.int64, count=len(blocks))])
+    slots = np.concatenate([np.fromiter((slot for slot, _ in pairs), dtype=np.int32, count=len(pairs)),
+                            np.repeat(np.array([part[2] for part in joined], dtype=np.int32),
+                                      [len(part[1]) for part in joined]),
+                            np.fromiter((slot for slot, _ in blocks), dtype=np.int32, count=len(blocks))])
+    data = b"".join([*(data for _, data in pairs), *(part[0] for part in joined), *(data for _, data in blocks)])
+    return decode_joined(data, lengths, slots)
+
+
+def _blocks_to_read(read: TermRead, entry: Entry) -> int:
+    """一个词在一个段里读前几块：截断读的词按这个段在它 df 里所占的比例分摊读取额度。"""
+    share = read.rows if not read.truncated else read.rows * entry.df / max(read.scored.df, 1)
+    return min(entry.blocks, math.ceil(share / BLOCK_SIZE))
 
 
 def _lacks_required(query: ParsedQuery, statistics: Bm25Statistics) -> bool:

@@ -284,6 +284,42 @@ def test_prefix_dfs_are_cached_per_segment_and_equal_the_table(in_l0: KnowledgeB
 
 
 @pytest.mark.django_db
+def test_prefix_entries_are_cached_per_segment_and_match_the_dictionary(in_l0: KnowledgeBase,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """要读倒排的前缀词：各段的条目整理一次（内联的倒排按词位首尾相接，块表里的留成条目）按 (代号, 前缀) 缓存，
+    与从词典块里逐个找出来的相同；再查不必再找。"""
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 100)
+    segments.compact(in_l0.id, batch=3)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT segment_id, generation FROM fulltext_segments WHERE knowledge_base_id = %s"
+                       " ORDER BY segment_id", [in_l0.id])
+        found = [(int(segment_id), int(generation)) for segment_id, generation in cursor.fetchall()]
+        DICTIONARIES.clear()
+        plain = DICTIONARIES.entries(cursor, in_l0.id, found, [("肝", True), ("无", True)])
+        asked: list[Any] = []
+        real = DICTIONARIES.entries
+
+        def recording(*args: Any) -> Any:
+            asked.append(args[3])
+            return real(*args)
+
+        monkeypatch.setattr(DICTIONARIES, "entries", recording)
+        for _ in range(2):
+            got = DICTIONARIES.prefix_entries(cursor, in_l0.id, found, ["肝", "无"])
+            for prefix in ("肝", "无"):
+                assert [segment_id for segment_id, _ in got[prefix]] == [segment_id for segment_id, _ in found]
+                for segment_id, entries in got[prefix]:
+                    expected = [entry for sid, entry in plain[(prefix, True)] if sid == segment_id]
+                    inline = [entry.inline for entry in expected if entry.inline is not None]
+                    assert entries.joined == b"".join(inline)
+                    assert entries.lengths.tolist() == [len(data) for data in inline]
+                    assert entries.blocked == tuple(entry for entry in expected if entry.inline is None)
+        assert asked == [[("无", True), ("肝", True)]]  # 只有头一次去词典块里找
+        assert sum(len(entries.lengths) for _, entries in got["肝"]) > 1 and not any(
+            len(entries.lengths) for _, entries in got["无"])
+
+
+@pytest.mark.django_db
 def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: KnowledgeBase,
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         settings: Any) -> None:
