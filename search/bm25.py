@@ -370,14 +370,17 @@ def _ranked(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope
             settled: SettledState | None) -> tuple[list[PathHit], Bm25Statistics] | None:
     """:func:`_bm25_search` 在 ``cursor`` 上的一遍。``settled`` 给出时统计取自它、不在一个快照里：段的块不变，
     读到的都还是那些段的；回表的语句核对统计行、L0、删除集与段表仍是它，不是就返回 None（调用方忘掉它、
-    在快照里重查）。提前结束（没有可读的查询词）也返回 None：那时还没核对过。"""
+    在快照里重查）。没有可读的查询词而提前结束时，单独一条语句核对。"""
     snapshot = _read_snapshot(cursor, kb_id, query.terms, settled)
     statistics = snapshot.statistics
     reads = allot_postings(score_terms(query.terms, statistics.dfs, statistics.n, params),
                            settings.BM25_MAX_POSTINGS)
     if not reads or _lacks_required(query, statistics):
-        # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在
-        return None if settled is not None else ([], statistics)
+        # 没有一个查询词出现在这个知识库里，或者必需的词有一个不在（按记下的统计时先核对它还成立）
+        if settled is not None and not fetchall_prepared(cursor.db, f"SELECT {_SETTLED_CHECK}",
+                                                         _settled_args(kb_id, settled))[0][0]:
+            return None
+        return [], statistics
     # 额度里要读倒排的前缀词，现在才取它们的条目（常见字的前缀词读不起，额度分配时已经跳过）
     prefixed = DICTIONARIES.prefix_entries(cursor, kb_id, snapshot.segments,
                                            [r.scored.term.lexeme for r in reads if r.scored.term.prefix])
@@ -563,6 +566,12 @@ _SETTLED_CHECK = (
     " FROM fulltext_segments g WHERE g.knowledge_base_id = %s::uuid) = %s::bigint[]")
 
 
+def _settled_args(kb_id: uuid.UUID, settled: SettledState) -> list[Any]:
+    """``_SETTLED_CHECK`` 的参数。"""
+    return [kb_id, settled.chunk_count, settled.total_length, kb_id, kb_id, kb_id,
+            "{" + ",".join(f"{{{segment},{generation}}}" for segment, generation in settled.segments) + "}"]
+
+
 def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope, docs: np.ndarray,
               scores: np.ndarray, l0_chunks: Sequence[int], limit: int,
               settled: SettledState | None = None) -> list[PathHit] | None:
@@ -613,9 +622,7 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
             rows = fetchall_prepared(
                 cursor.db, f"SELECT v.ok, r.id, r.score FROM (SELECT {_SETTLED_CHECK} AS ok) v"
                 f" LEFT JOIN LATERAL ({sql}) r ON v.ok ORDER BY r.score DESC, r.id",
-                [kb_id, settled.chunk_count, settled.total_length, kb_id, kb_id, kb_id,
-                 "{" + ",".join(f"{{{segment},{generation}}}" for segment, generation in settled.segments) + "}",
-                 *args])
+                [*_settled_args(kb_id, settled), *args])
             if not rows[0][0]:
                 return None
             found = [(chunk_id, score) for _, chunk_id, score in rows if chunk_id is not None]

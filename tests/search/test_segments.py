@@ -687,6 +687,9 @@ def test_a_settled_knowledge_base_is_searched_in_one_statement_that_checks_its_s
     statements.clear()
     assert search("复查 病人") == first
     assert len(statements) == 1 and statements[0].startswith("SELECT v.ok")
+    # 库里没有的词：按记下的统计答“没有”之前，单独一条语句核对它还成立
+    statements.clear()
+    assert search("不存在的词") == [] and len(statements) == 1 and DICTIONARIES.settled(kb.id) == state
     # 过滤条件、短语查询不走这条路
     statements.clear()
     fulltext_search(kb, analysis.parse_query('"复查 病人"', analyzer="bigram"), SearchFilters(), limit=10)
