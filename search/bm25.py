@@ -56,6 +56,7 @@ from raglib.postings import (
     Postings,
     bm25_scores,
     capped_tf,
+    decode_blocks,
     decode_joined,
     impacts,
     norm_bytes,
@@ -430,8 +431,8 @@ def _decode(pairs: Sequence[tuple[int, bytes]], joined: Sequence[tuple[bytes, np
             blocks: Sequence[tuple[int, bytes]]) -> Postings:
     """精确词的内联倒排、前缀词在各段里拼好的内联倒排、倒排块，按这个顺序一次解码（每次调用 numpy 有十几次的固定
     开销）。同一个位里先内联、后块，与逐块排好再解码时相同：同一分块在前缀词的位上的几条倒排按这个先后相加。"""
-    if not pairs and not joined and not blocks:
-        return Postings.empty()
+    if not joined:  # 多数查询没有要读的前缀词
+        return decode_blocks([*pairs, *blocks]) if pairs or blocks else Postings.empty()
     lengths = np.concatenate([np.fromiter((len(data) for _, data in pairs), dtype=np.int64, count=len(pairs)),
                               *(part[1] for part in joined),
                               np.fromiter((len(data) for _, data in blocks), dtype=np.int64, count=len(blocks))])
