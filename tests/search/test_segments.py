@@ -44,6 +44,18 @@ def _results(kb: KnowledgeBase) -> list[list[tuple[int, float]]]:
         kb, analysis.parse_query(query, analyzer="bigram"), SearchFilters(), limit=20).hits] for query in QUERIES]
 
 
+def _compacted_kb(kb: KnowledgeBase, count: int, *, every: int, spread: int) -> tuple[KnowledgeBase, Document]:
+    """一个合并完的库：``count`` 个分块都含“复查”，每 ``every`` 个里有一个含“病人”，词数 2 + i % ``spread``。"""
+    document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
+                                       chunk_count=count)
+    DocumentChunk.objects.bulk_create(
+        DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=f"复查 {i}",
+                      search_vector="'复查':1" + (" '病人':2" if i % every == 0 else ""), search_length=2 + i % spread)
+        for i in range(count))
+    segments.compact(kb.id)
+    return kb, document
+
+
 def _count(table: str, kb: KnowledgeBase) -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [kb.id])
@@ -476,15 +488,8 @@ def test_cached_posting_blocks_answer_like_the_database_and_fetch_only_what_is_m
         kb_factory: Any, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """常见词的倒排块按 (段的代号, 词位) 记在段缓存里：再查不取块；额度变大要更多块时只取后面缺的那几块；
     结果与清空缓存、不缓存（上限 0）时逐一相同。"""
-    kb = kb_factory()
-    document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
-                                       chunk_count=300)
     # 300 个分块都含“复查”（3 个倒排块），长度各不相同；“病人”只在 20 个里（倒排内联在词典里）
-    DocumentChunk.objects.bulk_create(
-        DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=f"复查 {i}",
-                      search_vector="'复查':1" + (" '病人':2" if i % 15 == 0 else ""), search_length=2 + i % 17)
-        for i in range(300))
-    segments.compact(kb.id)
+    kb, _ = _compacted_kb(kb_factory(), 300, every=15, spread=17)
     fetched: list[tuple[list[int], list[int]]] = []
     real = segment_cache.fetchall_prepared
 
@@ -661,14 +666,7 @@ def test_a_settled_knowledge_base_is_searched_in_one_statement_that_checks_its_s
     记下的状态）；结果与清空缓存、走快照时逐一相同。新写入、删除、并段之后状态不成立：这一遍作废，在快照里重查，
     新分块立刻查得到、删掉的分块查不到；只出现在新分块里的词（按记下的统计 df 为 0，提前结束）也一样。"""
     settings.FULLTEXT_L0_MAX_CHUNKS = 10_000
-    kb = kb_factory()
-    document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
-                                       chunk_count=40)
-    DocumentChunk.objects.bulk_create(
-        DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=f"复查 {i}",
-                      search_vector="'复查':1" + (" '病人':2" if i % 4 == 0 else ""), search_length=2 + i % 5)
-        for i in range(40))
-    segments.compact(kb.id)
+    kb, document = _compacted_kb(kb_factory(), 40, every=4, spread=5)
     statements: list[str] = []
 
     def recording(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
