@@ -143,16 +143,15 @@ def _read_snapshot(cursor: Any, kb_id: uuid.UUID, terms: Sequence[QueryTerm],
     keys = list(dict.fromkeys((t.lexeme, t.prefix) for t in terms))
     exact = [lexeme for lexeme, prefix in keys if not prefix]
     prefixes = [lexeme for lexeme, prefix in keys if prefix]
-    if settled is not None:
-        row: tuple[Any, ...] | None = (settled.chunk_count, settled.total_length, 0, 0, 0, 0, settled.segments)
-    else:
-        row = _statistics_row(cursor, kb_id)
-        DICTIONARIES.remember_settled(kb_id, SettledState(int(row[0]), int(row[1]), tuple(
-            (int(segment_id), int(generation)) for segment_id, generation in row[6] or []))
-            if row is not None and not row[2] and not row[4] else None)
+    row = (settled.chunk_count, settled.total_length, 0, 0, 0, 0, settled.segments) if settled is not None \
+        else _statistics_row(cursor, kb_id)
     if row is None:
+        DICTIONARIES.remember_settled(kb_id, None)
         return _Snapshot(Bm25Statistics(0, 0.0, {}), [], {}, {}, np.zeros(0, dtype=np.int64))
     segments = [(int(segment_id), int(generation)) for segment_id, generation in row[6] or []]
+    if settled is None:
+        DICTIONARIES.remember_settled(kb_id, SettledState(int(row[0]), int(row[1]), tuple(segments))
+                                      if not row[2] and not row[4] else None)
     n = int(row[0]) + int(row[2]) - int(row[4])
     total = int(row[1]) + int(row[3]) - int(row[5])
     # 精确词的词典条目现在就读（每段一块）；前缀词只读按首字汇总的 df，条目等确定要读它的倒排时再取
