@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/forward_index.py --kb bench-fulltext-engine --sample 20000
     .venv/bin/python bench/forward_index.py --kb <evaluate --keep 留下的库>
+    .venv/bin/python bench/forward_index.py --kb bench-fulltext-engine --insert-rows 5000   # 另量插入一侧
 
 只读数据库，不改任何东西。对库里的分块（或按 id 取的前 ``--sample`` 个）：
 
@@ -13,6 +14,11 @@
   列出未压缩与 zlib 压缩两种。词表按被量的这批分块建：只量一部分（``--sample``）时词表比真实的段小、差分也小，
   词号正排因此偏小；要与段比就量全部。
 - 解码一个分块的正排（补分数时每个候选要解一次）与重新切词（短语检查改在 Python 里做时每个候选要切一次）的耗时。
+
+``--insert-rows N``：插入一侧的代价。把库里前 N 个分块每 500 个一条 INSERT ... SELECT 复制一遍（只在服务端，不进向量图：
+``ann_pending``），:data:`INSERT_WAYS` 的几种做法交替三轮，都在最后回滚的事务里（函数、触发器、索引的改动随之撤销；
+``ALTER TABLE`` 拿排它锁，量时别让服务用这个数据库；回滚留下的死行等 autovacuum）：现在的语句级触发器、把
+``search_vector`` 当过渡列的行级触发器（写 L0 再置 NULL），以及把触发器逐步拆开的几种（差值就是各部分的代价）。
 """
 
 from __future__ import annotations
@@ -175,11 +181,89 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
     }
 
 
+# 插入一侧的几种做法：每种是一段在最后回滚的事务里执行的 DDL（pg_temp 里的函数随会话消失）。除了 statement，
+# 都先关掉现在的语句级触发器，再各自用一个 BEFORE INSERT 的行级触发器做到某一步，逐步加上去就是触发器各部分的代价
+_DISABLE_STATEMENT_TRIGGER = "ALTER TABLE document_chunks DISABLE TRIGGER document_chunks_fulltext_stats_insert;"
+
+
+def _row_trigger(body: str) -> str:
+    return (_DISABLE_STATEMENT_TRIGGER + """
+CREATE FUNCTION pg_temp.forward_index_bench() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE v tsvector; t record;
+BEGIN
+    """ + body + """
+    NEW.search_vector := NULL;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER forward_index_bench BEFORE INSERT ON document_chunks
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.forward_index_bench();
+""")
+
+
+_WRITE_L0 = """
+    INSERT INTO fulltext_l0 (knowledge_base_id, chunk_id, document_id, length, lexemes, title_tf, body_tf)
+    SELECT NEW.knowledge_base_id, NEW.id, NEW.document_id, NEW.search_length, u.lexemes, u.title_tf, u.body_tf
+    FROM fulltext_chunk_terms(NEW.search_vector::tsvector) u;"""
+INSERT_WAYS: dict[str, str] = {
+    # 现在的做法：语句级触发器从过渡表一次写 L0（含 GIN），列照存
+    "statement": "",
+    # 过渡列：行级触发器写 L0 的一行（含 GIN），再把列置 NULL
+    "row": _row_trigger(_WRITE_L0),
+    # 逐步拆开：不要全文触发器 / 只转成 tsvector / 再取词位与词频 / 再写 L0 但没有 L0 的 GIN
+    "none": _DISABLE_STATEMENT_TRIGGER,
+    "cast": _row_trigger("v := NEW.search_vector::tsvector;"),
+    "terms": _row_trigger("SELECT * INTO t FROM fulltext_chunk_terms(NEW.search_vector::tsvector);"),
+    "row_no_gin": _row_trigger(_WRITE_L0) + "DROP INDEX fulltext_l0_lexemes;",
+}
+# 把行复制一遍：不进向量图（ann_pending），chunk_index 挪开以免与原来的撞上唯一约束
+_COPY_ROWS = (
+    "INSERT INTO document_chunks (knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding,"
+    " embedding_dim, role, token_count, text_hash, search_vector, search_length, created_at, shared_ann, ann_pending)"
+    " SELECT c.knowledge_base_id, c.document_id, c.chunk_index + 100000000, c.chunk_text, c.metadata, c.embedding,"
+    " c.embedding_dim, c.role, c.token_count, c.text_hash, c.search_vector, c.search_length, c.created_at, false, true"
+    " FROM document_chunks c JOIN knowledge_bases k ON k.id = c.knowledge_base_id WHERE k.name = %s"
+    " ORDER BY c.id OFFSET %s LIMIT %s")
+_BATCH = 500
+
+
+def insert_costs(kb: str, rows: int, *, rounds: int = 3, reindex_l0: bool = False) -> dict[str, list[float]]:
+    """各种插入做法（:data:`INSERT_WAYS`）每个分块的毫秒数，每种 ``rounds`` 个数，交替量；之前不计时地先跑一轮，
+    把要复制的行读进缓存。``reindex_l0``：先在同一个事务里重建 L0 的 GIN（批量写入之后它会膨胀，服务的维护任务
+    ``search.segments.shrink_l0`` 会把它缩回去），量的是缩回之后的样子。"""
+    costs: dict[str, list[float]] = {way: [] for way in INSERT_WAYS}
+    for round_number in range(rounds + 1):
+        for way, setup in INSERT_WAYS.items():
+            with connection.cursor() as cursor:
+                cursor.execute("BEGIN")
+                try:
+                    if reindex_l0:
+                        cursor.execute("REINDEX INDEX fulltext_l0_lexemes")
+                    if setup:
+                        cursor.execute(setup)
+                    started = time.perf_counter()
+                    for offset in range(0, rows, _BATCH):
+                        cursor.execute(_COPY_ROWS, [kb, offset, min(_BATCH, rows - offset)])
+                    if round_number:
+                        costs[way].append((time.perf_counter() - started) / rows * 1000)
+                finally:
+                    cursor.execute("ROLLBACK")
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kb", action="append", required=True, help="知识库名（可重复）")
     parser.add_argument("--sample", type=int, default=None, help="只量按分块 id 排序的前这么多个（默认全部）")
+    parser.add_argument("--insert-rows", type=int, default=0,
+                        help="另量插入一侧：每种做法各复制这么多个分块（回滚），每个分块的毫秒数")
+    parser.add_argument("--reindex-l0", action="store_true", help="量插入之前在同一个事务里重建 L0 的 GIN")
     args = parser.parse_args()
+    if args.insert_rows:
+        for kb in args.kb:
+            costs = insert_costs(kb, args.insert_rows, reindex_l0=args.reindex_l0)
+            print(f"{kb}：插入每块 ms（三轮）" + "；".join(
+                f"{way} {' / '.join(f'{v:.3f}' for v in values)}" for way, values in costs.items()), flush=True)
+        return
     print("| 知识库 | 分块 | 每块词位 | tsvector 存的 / 文本 B | 文本正排 zlib B | 词号正排 未压缩 / zlib B | "
           "解码 µs（文本 / 词号 / 词号 zlib） | 重新切词 µs 均值 / p95 |")
     print("|---|---|---|---|---|---|---|---|")
