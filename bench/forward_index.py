@@ -14,6 +14,8 @@
   列出未压缩与 zlib 压缩两种。词表按被量的这批分块建：只量一部分（``--sample``）时词表比真实的段小、差分也小，
   词号正排因此偏小；要与段比就量全部。
 - 解码一个分块的正排（补分数时每个候选要解一次）与重新切词（短语检查改在 Python 里做时每个候选要切一次）的耗时。
+- 这个库在引擎各表里存活的行（不含空页与索引）每块多少字节；加上词号正排，就是拿掉 tsvector 之后 ① 的口径
+  （只量一部分时不算）。
 
 ``--insert-rows N``：插入一侧的代价。把库里前 N 个分块每 500 个一条 INSERT ... SELECT 复制一遍（只在服务端，不进向量图：
 ``ann_pending``），:data:`INSERT_WAYS` 的几种做法交替三轮，都在最后回滚的事务里（函数、触发器、索引的改动随之撤销；
@@ -135,6 +137,22 @@ def _per_call_us(function, items: Sequence[object]) -> float:  # type: ignore[no
     return (time.perf_counter() - started) / max(len(items), 1) * 1e6
 
 
+# 全文引擎里带 knowledge_base_id 的表（统计行与段表只有几行，不计）
+_ENGINE_TABLES = ("fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_deleted_terms", "fulltext_dictionary",
+                  "fulltext_blocks", "fulltext_prefixes")
+
+
+def engine_live_bytes(kb: str) -> int:
+    """这个知识库在全文引擎各表里存活的行一共多少字节（各行数据之和，不含页里的空闲空间与索引）。"""
+    total = 0
+    with connection.cursor() as cursor:
+        for table in _ENGINE_TABLES:
+            cursor.execute(f"SELECT coalesce(sum(pg_column_size(t.*)), 0) FROM {table} t"  # noqa: S608 表名是常量
+                           " JOIN knowledge_bases k ON k.id = t.knowledge_base_id WHERE k.name = %s", [kb])
+            total += int(cursor.fetchone()[0])
+    return total
+
+
 def measure(kb: str, sample: int | None) -> dict[str, float]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -144,6 +162,7 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
         rows = cursor.fetchall()
     if not rows:
         raise SystemExit(f"知识库 {kb!r} 没有带 tsvector 的分块")
+    count = len(rows)
     parsed = [parse_vector(vector) for vector, _, _ in rows]
     vocabulary = {lexeme: i for i, lexeme in enumerate(sorted({t[0] for terms in parsed for t in terms},
                                                              key=lambda s: s.encode()))}
@@ -159,11 +178,11 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
         assert [(lexemes[i], t, b) for i, t, b in zip(ids, titles, bodies, strict=True)] == \
             [(lexeme, title, min(body, 255)) for lexeme, title, body in terms]
     timing = rows[:2000]
+    engine = engine_live_bytes(kb) / count if sample is None else float("nan")
     document_terms(timing[0][2], analyzer=settings.FULLTEXT_ANALYZER)  # 词典、繁简转换表在第一次调用时加载，不计时
     # 逐个分块计时（英文词干有进程内缓存：这是第一遍，多数词第一次见，偏慢）
     reanalyze = [_per_call_us(lambda text: document_terms(text, analyzer=settings.FULLTEXT_ANALYZER), [row[2]])
                  for row in timing]
-    count = len(rows)
     return {
         "chunks": count,
         "terms_per_chunk": sum(len(terms) for terms in parsed) / count,
@@ -173,6 +192,7 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
         "text_forward_zlib": sum(map(len, texts)) / count,
         "id_forward_raw": sum(map(len, raw)) / count,
         "id_forward_zlib": sum(map(len, packed)) / count,
+        "engine_live": engine,
         "decode_text_us": _per_call_us(decode_text_forward, texts[:2000]),
         "decode_id_raw_us": _per_call_us(decode_id_forward, raw[:2000]),
         "decode_id_zlib_us": _per_call_us(lambda data: decode_id_forward(zlib.decompress(data)), packed[:2000]),
@@ -265,14 +285,15 @@ def main() -> None:
                 f"{way} {' / '.join(f'{v:.3f}' for v in values)}" for way, values in costs.items()), flush=True)
         return
     print("| 知识库 | 分块 | 每块词位 | tsvector 存的 / 文本 B | 文本正排 zlib B | 词号正排 未压缩 / zlib B | "
-          "解码 µs（文本 / 词号 / 词号 zlib） | 重新切词 µs 均值 / p95 |")
-    print("|---|---|---|---|---|---|---|---|")
+          "解码 µs（文本 / 词号 / 词号 zlib） | 重新切词 µs 均值 / p95 | 引擎存活的行 B | 引擎 + 词号正排 zlib B |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for kb in args.kb:
         m = measure(kb, args.sample)
         print(f"| {kb} | {m['chunks']:,.0f} | {m['terms_per_chunk']:.0f} | {m['tsvector_stored']:,.0f} / "
               f"{m['tsvector_text']:,.0f} | {m['text_forward_zlib']:,.0f} | {m['id_forward_raw']:,.0f} / "
               f"{m['id_forward_zlib']:,.0f} | {m['decode_text_us']:.0f} / {m['decode_id_raw_us']:.0f} / "
-              f"{m['decode_id_zlib_us']:.0f} | {m['reanalyze_us']:.0f} / {m['reanalyze_p95_us']:.0f} |", flush=True)
+              f"{m['decode_id_zlib_us']:.0f} | {m['reanalyze_us']:.0f} / {m['reanalyze_p95_us']:.0f} | "
+              f"{m['engine_live']:,.0f} | {m['engine_live'] + m['id_forward_zlib']:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":
