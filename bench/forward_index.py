@@ -5,7 +5,7 @@
     .venv/bin/python bench/forward_index.py --kb <evaluate --keep 留下的库>
     .venv/bin/python bench/forward_index.py --kb bench-fulltext-engine --insert-rows 5000   # 另量插入一侧
 
-只读数据库，不改任何东西。对库里的分块（或按 id 取的前 ``--sample`` 个）：
+默认只读数据库，不改任何东西（``--insert-rows`` 见下）。对库里的分块（或按 id 取的前 ``--sample`` 个）：
 
 - **tsvector 列**：现在存的（规范文本，pglz 压缩后）``pg_column_size``，以及文本本身的字节数；
 - **文本正排**：每个词位一行 ``词位\\t标题词频\\t正文词频``，zlib 压缩（合并时可以原样搬进段，不依赖词典）；
@@ -31,8 +31,9 @@ import statistics
 import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 if __name__ == "__main__":  # 直接运行时自己配置 Django；测试导入时 Django 已经配好
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -130,7 +131,7 @@ def decode_id_forward(data: bytes) -> tuple[list[int], list[int], list[int]]:
     return ids, titles, bodies
 
 
-def _per_call_us(function, items: Sequence[object]) -> float:  # type: ignore[no-untyped-def]
+def _per_call_us(function: Callable[[Any], object], items: Sequence[Any]) -> float:
     started = time.perf_counter()
     for item in items:
         function(item)
