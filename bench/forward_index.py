@@ -250,7 +250,7 @@ _BATCH = 500
 def insert_costs(kb: str, rows: int, *, rounds: int = 3, reindex_l0: bool = False) -> dict[str, list[float]]:
     """各种插入做法（:data:`INSERT_WAYS`）每个分块的毫秒数，每种 ``rounds`` 个数，交替量；之前不计时地先跑一轮，
     把要复制的行读进缓存。``reindex_l0``：先在同一个事务里重建 L0 的 GIN（批量写入之后它会膨胀，服务的维护任务
-    ``search.segments.shrink_l0`` 会把它缩回去），量的是缩回之后的样子。"""
+    ``search.segments.shrink_indexes`` 会把它重建回去），量的是缩回之后的样子。"""
     costs: dict[str, list[float]] = {way: [] for way in INSERT_WAYS}
     for round_number in range(rounds + 1):
         for way, setup in INSERT_WAYS.items():

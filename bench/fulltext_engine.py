@@ -19,8 +19,8 @@
    比值才不被表的增长带偏。
 2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
    ``--maintained`` 再把这个库当作已经闲下来、定时维护（``ops.tasks.maintain_fulltext``）跑过：按它的规则并段
-   （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、缩回 L0
-   （``shrink_l0``），计时；大小与查询量的是维护之后的样子。
+   （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、重建停在
+   高峰的索引（``shrink_indexes``；旧代码树上是只管 L0 的 ``shrink_l0``），计时；大小与查询量的是维护之后的样子。
 3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``）与其中存活的行数据之和，
    另列 tsvector 列（``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，
    旧代码树上才有）；都除以分块数。
@@ -60,7 +60,7 @@ from contextlib import contextmanager
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 # ---------------------------------------------------------------- Lucene：在另一个解释器里运行，不导入 Django
 # pyserini 要 Java 21、numpy 2 与一长串自己的依赖，装在单独的虚拟环境里；本文件被那个解释器以 --lucene-worker
@@ -498,9 +498,9 @@ def maintain(kb: KnowledgeBase) -> dict[str, Any] | None:
     print(f"  闲时并段：{before} 个段并掉 {result.merged} 个、写出 {result.segments} 个，{seconds:.1f} s"
           f"（进程峰值 {peak_mb:,.0f} MB）", flush=True)
     started = time.perf_counter()
-    l0_before, l0_after = SEGMENTS.shrink_l0() or (0, 0)
+    l0_before, l0_after = _shrink_indexes() or (0, 0)
     shrink_seconds = time.perf_counter() - started
-    print(f"  L0 收缩：{l0_before / 2**20:,.1f} → {l0_after / 2**20:,.1f} MB，{shrink_seconds:.1f} s", flush=True)
+    print(f"  索引重建：{l0_before / 2**20:,.1f} → {l0_after / 2**20:,.1f} MB，{shrink_seconds:.1f} s", flush=True)
     vacuum()
     return {"segments_before": before, "merged": result.merged, "written": result.segments,
             "merge_seconds": round(seconds, 2), "peak_rss_mb": round(peak_mb), "l0_bytes_before": l0_before,
@@ -650,13 +650,16 @@ def lucene(python: str | None, rows: int, queries: list[str], workdir: Path | No
 KB_NAME = "bench-fulltext-engine"
 
 
-def _shrink_l0() -> None:
-    """写之前做服务的维护任务会做的一步：L0 的表与索引远大于现有的行时缩回去（``search.segments.shrink_l0``）。
-    基准库批量导入过（1M 块经过 L0），L0 的 GIN 在 0 行时占着 2.9 GB，每个新分块的触发器因此多花约 0.26 ms；
-    服务里它早被缩回去了（bench/pages/fulltext_engine.md 的“写入一侧”）。旧代码树没有这个函数时跳过。"""
-    shrink = getattr(SEGMENTS, "shrink_l0", None)
+def _shrink_indexes() -> tuple[int, int] | None:
+    """服务的维护任务会做的一步：引擎各表的索引远大于按现有的行估出的大小时重建回去
+    （``search.segments.shrink_indexes``），返回重建前后的字节数。基准库批量导入过（1M 块经过 L0），L0 的 GIN 在
+    0 行时占着 2.9 GB，每个新分块的触发器因此多花约 0.26 ms；服务里它早被重建了（bench/pages/fulltext_engine.md 的
+    “写入一侧”）。旧代码树上是只管 L0 的 ``shrink_l0``，再旧的两个都没有时跳过。"""
+    shrink = getattr(SEGMENTS, "shrink_indexes", None)
     if shrink is not None:
-        shrink(only_bloated=True)
+        return cast("tuple[int, int] | None", shrink())
+    shrink = getattr(SEGMENTS, "shrink_l0", None)
+    return cast("tuple[int, int] | None", shrink()) if shrink is not None else None
 
 
 def append(rows: int, existing: int) -> dict[str, Any]:
@@ -665,7 +668,7 @@ def append(rows: int, existing: int) -> dict[str, Any]:
     整套基准把全部行留在 L0 里、写完才合并；服务里 L0 每分钟合并一次，写入时库里是已合并的段。这里量的是后者：
     已有 ``existing`` 个分块（共享 HNSW 已是那么大）时再写入的速度。行号接在已有的后面，文本与向量不重复。"""
     result: dict[str, Any] = {"rows": rows, "existing": existing}
-    _shrink_l0()
+    _shrink_indexes()
     for writers in (1, 2):
         kb = _fresh_kb(f"{KB_NAME}-append")
         start = existing + 100_000
@@ -686,7 +689,7 @@ def append_own(kb: KnowledgeBase, rows: int, existing: int) -> dict[str, Any]:
 
     每次写之前先 VACUUM（不计时）：前一次删掉的行攒够了会让 autovacuum 在写入中途去扫两张 HNSW 图，同样的交替五轮
     1 个写入进程 251~640 块/s，分不出两种设置（bench/pages/fulltext_engine.md）。"""
-    _shrink_l0()
+    _shrink_indexes()
     started = time.perf_counter()
     built = kb_index_build(kb=kb)
     result: dict[str, Any] = {"rows": rows, "existing": existing,

@@ -277,12 +277,12 @@ def merge_idle(kb_id: uuid.UUID) -> CompactResult:
 
 def settle(kb_id: uuid.UUID) -> CompactResult:
     """把一个知识库的全文索引整理成闲下来、定时维护跑过之后的样子：L0 合并成段、闲时并段（并过就把小的段表
-    重写紧凑）、L0 远大于现有的行时缩回去。服务自己会在 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 之内做完这些；
+    重写紧凑）、停在高峰的索引重建回去。服务自己会在 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 之内做完这些；
     ``manage.py evaluate`` 摄取完调用它，量的是稳态下的知识库。排序不变（FULLTEXT-MAINTENANCE-NEUTRAL）。"""
     result = compact(kb_id) + merge_idle(kb_id)
     if result.merged:
         repack_small_tables()
-    shrink_l0(only_bloated=True)
+    shrink_indexes()
     return result
 
 
@@ -462,17 +462,6 @@ def _union(parts: Sequence[tuple[list[str], Postings]]) -> tuple[list[str], Post
     return lexemes, Postings.concat(remapped) if remapped else Postings.empty()
 
 
-# L0 的表与索引（几乎全是 GIN）超过这么多字节、又比现存的行所需（每行按 _L0_ROW_BYTES 宽估）大得多时，
-# 定时任务把它们缩回去。L0 只在写入与合并之间暂存分块，索引却停在批量写入的高峰：eval 库 8,938 个分块摄取完
-# L0 空了，GIN 还占 12 MB（1.4 KB/块）；100k 基准库 200 MB（2.0 KB/块，bench/pages/fulltext_engine.md）。
-# 门槛原是 8 MB，可几千个分块的库留下的正好在它下面（cmrc2018 + squad 的 1,704 块摄取完 2.5 MB，1.5 KB/块，
-# 整个数据库的 7%）；空的 L0 重建后不到 0.1 MB，1 MB 以下才不值得动
-L0_SHRINK_MIN_BYTES = 1024 * 1024
-_L0_ROW_BYTES = 16 * 1024
-# 同一时刻只有一个进程在缩 L0（REINDEX CONCURRENTLY 两个一起跑时后一个只是排队等）
-_SHRINK_LOCK = "search.fulltext_l0_shrink"
-
-
 # 段的表（词典、倒排块、首字 df、序号、删除集）合计小于这么多字节时，并段之后用 VACUUM FULL 重写紧凑。并段先写新段、
 # 再删旧段，旧段的页只留给以后的写入复用，文件不会变小：一个摄取完就不再写的小库（cmrc2018 的 1,311 块）并成一个段后，
 # 这几张表 13.7 MB 里只有 5.6 MB 是活的。VACUUM FULL 要排他锁，这个大小只锁 0.1 s 左右；大库不做，空页由之后的写入复用
@@ -503,41 +492,111 @@ def repack_small_tables() -> bool:
     return True
 
 
-def l0_footprint() -> tuple[int, int]:
-    """L0 的表与索引一共占的字节数，以及它现有的行数。"""
+# 引擎各表的索引停在批量写入与并段的高峰：B 树删掉的条目留下的空页只在 VACUUM 之后复用，GIN 更是几乎不缩，
+# 文件都不会变小。三个合成库（110 万块）维护之后量过（bench/pages/fulltext_engine.md 的“索引停在高峰”）：
+# 倒排块主键每条 107 B（重建后 50）、词典主键 404（50）、首字 df 主键 893（42）；0 行的删除集 GIN 160 MB、
+# 删除集按词计数的主键 76 MB、L0 的 GIN 118 MB。重建 125 MB 的倒排块主键约 1.5 s。门槛以下（空表重建后也有
+# 一两页）不值得动
+INDEX_SHRINK_MIN_BYTES = 1024 * 1024
+# 索引比按现有的行估出的新建大小大这么多倍才重建：随机插入的 B 树稳态约 1.3 倍，并段一次（新段写完、旧段删掉）约 2 倍
+_INDEX_BLOAT_RATIO = 2.0
+# GIN 的每行按这么宽估（L0 一行是一个分块的全部词位，GIN 把它们压进各词的条目）：eval 库 8,938 个分块摄取完 L0 空了，
+# GIN 还占 12 MB；只在远大于现有的行时重建
+_GIN_ROW_BYTES = 16 * 1024
+# 进出频繁、平时只有几千行的表：行数直接数（统计视图跟不上合并刚清空的时候），重建索引之前先 VACUUM 把表的空页还回去
+_TRANSIENT_TABLES = ("fulltext_l0", "fulltext_deleted")
+# 同一时刻只有一个进程在重建（REINDEX CONCURRENTLY 两个一起跑时后一个只是排队等）
+_SHRINK_LOCK = "search.fulltext_l0_shrink"
+# 一个索引的现状：名字、所在的表、访问方法、字节数、按现有的行估出的新建大小
+_INDEX_STATE_SQL = (
+    "SELECT ic.relname, t.relname, am.amname, pg_relation_size(ic.oid), coalesce(s.n_live_tup, 0),"
+    " array(SELECT coalesce(st.avg_width, greatest(a.attlen, 16)) FROM unnest(i.indkey::int2[]) k(attnum)"
+    "       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+    "       LEFT JOIN pg_stats st ON st.schemaname = 'public' AND st.tablename = t.relname AND st.attname = a.attname)"
+    " FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid"
+    " JOIN pg_am am ON am.oid = ic.relam LEFT JOIN pg_stat_user_tables s ON s.relid = t.oid"
+    " WHERE t.relname = ANY(%s) AND t.relnamespace = 'public'::regnamespace AND i.indisvalid ORDER BY ic.relname")
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """引擎的一个索引：字节数，与按现有的行估出的新建大小（:func:`fresh_index_bytes`）。"""
+
+    name: str
+    table: str
+    size: int
+    fresh: float
+
+    @property
+    def bloated(self) -> bool:
+        return self.size > max(INDEX_SHRINK_MIN_BYTES, _INDEX_BLOAT_RATIO * self.fresh)
+
+
+def fresh_index_bytes(method: str, rows: int, widths: Sequence[int]) -> float:
+    """新建的索引装 ``rows`` 行大约要的字节。B 树的叶子条目是 8 字节的条目头加各列（``widths``，按 8 字节对齐），
+    另有 4 字节的行指针，页面填到 90%（默认 fillfactor）；量过的四个主键与这个估计差 15% 以内。GIN 按每行
+    ``_GIN_ROW_BYTES`` 宽估（宁大勿小：只抓远大于行数的）。"""
+    if method != "btree":
+        return float(rows * _GIN_ROW_BYTES)
+    entry = (8 + sum(widths) + 7) // 8 * 8 + 4
+    return rows * entry / 0.9
+
+
+def index_states() -> list[IndexState]:
+    """引擎各表（L0 与段的表）的有效索引的现状。暂存的表的行数直接数，其余的取统计视图里的活行数：
+    刚并过段、死行还没清时，死行的条目正是要重建掉的。"""
+    tables = ("fulltext_l0", *_SEGMENT_TABLES)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_total_relation_size('fulltext_l0'), (SELECT count(*) FROM fulltext_l0)")
-        size, rows = cursor.fetchone()
-    return int(size), int(rows)
+        cursor.execute("SELECT (SELECT count(*) FROM fulltext_l0), (SELECT count(*) FROM fulltext_deleted)")
+        rows = dict(zip(_TRANSIENT_TABLES, (int(n) for n in cursor.fetchone()), strict=True))
+        cursor.execute(_INDEX_STATE_SQL, [list(tables)])
+        return [IndexState(name, table, int(size),
+                           fresh_index_bytes(method, rows.get(table, int(live)), [int(w) for w in widths]))
+                for name, table, method, size, live, widths in cursor.fetchall()]
 
 
-def shrink_l0(*, only_bloated: bool = False) -> tuple[int, int] | None:
-    """批量写入之后（升级时整库的分块都经过 L0）把 L0 的表与索引缩回去：VACUUM 只把空出的页留着复用，GIN 索引
-    不会变小（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）。CONCURRENTLY 不挡写入与查询，
-    但要等开始之前的事务结束，所以由维护队列上的定时任务执行（``ops.tasks.maintain_fulltext``），不放在合并里。
+def shrink_indexes() -> tuple[int, int] | None:
+    """把引擎各表停在高峰的索引重建回去（``REINDEX INDEX CONCURRENTLY``，不挡写入与查询）：批量写入之后 L0 与删除集
+    空了，GIN 还停在高峰（eval 库 1.2 万个分块转完后 L0 的 GIN 还占 19 MB，重建后 16 KB）；并段写新段、删旧段，
+    段的表的 B 树主键留下大半空页。CONCURRENTLY 要等开始之前的事务结束，所以由维护队列上的定时任务执行
+    （``ops.tasks.maintain_fulltext``），不放在合并里。
 
-    ``only_bloated`` 时只在表与索引远大于现有的行时动手（定时任务用）；别的进程正在缩时跳过。上一次 REINDEX
-    CONCURRENTLY 中途被杀会留下无效的 ``*_ccnew`` 索引（写入还要维护它），先删掉。VACUUM 与 REINDEX
-    CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做。缩了就返回 (之前, 之后) 的字节数，
-    否则 None。"""
+    只重建比按现有的行估出的新建大小大得多的索引（:class:`IndexState`）；暂存的表（L0、删除集）重建之前先 VACUUM。
+    别的进程正在重建时跳过。上一次 REINDEX CONCURRENTLY 中途被杀会留下无效的 ``*_ccnew`` 索引（写入还要维护它），
+    先删掉。VACUUM 与 REINDEX CONCURRENTLY 不能在事务里执行：调用方在事务里（测试）时什么也不做。重建了就返回
+    这些索引（与先 VACUUM 的表）之前、之后的字节数，否则 None。"""
     if connection.in_atomic_block:
         return None
     with advisory_lock(_SHRINK_LOCK) as acquired:
         if not acquired:
             return None
-        size, rows = l0_footprint()
-        if only_bloated and size <= max(L0_SHRINK_MIN_BYTES, rows * _L0_ROW_BYTES):
-            return None
         with connection.cursor() as cursor:
             cursor.execute("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                           " WHERE i.indrelid = 'fulltext_l0'::regclass AND NOT i.indisvalid"
-                           " AND c.relname ~ '_cc(new|old)[0-9]*$'")
+                           " JOIN pg_class t ON t.oid = i.indrelid WHERE t.relname = ANY(%s)"
+                           " AND t.relnamespace = 'public'::regnamespace AND NOT i.indisvalid"
+                           " AND c.relname ~ '_cc(new|old)[0-9]*$'", [["fulltext_l0", *_SEGMENT_TABLES]])
             for (name,) in cursor.fetchall():
                 cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {connection.ops.quote_name(name)}")
-            cursor.execute("VACUUM fulltext_l0")
-            cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_lexemes")
-            cursor.execute("REINDEX INDEX CONCURRENTLY fulltext_l0_pkey")
-    return size, l0_footprint()[0]
+            chosen = [state for state in index_states() if state.bloated]
+            if not chosen:
+                return None
+            vacuumed = sorted({state.table for state in chosen} & set(_TRANSIENT_TABLES))
+            before = sum(state.size for state in chosen) + sum(_heap_bytes(cursor, table) for table in vacuumed)
+            for table in vacuumed:
+                cursor.execute(f"VACUUM {table}")
+            for state in chosen:
+                cursor.execute(f"REINDEX INDEX CONCURRENTLY {connection.ops.quote_name(state.name)}")
+            cursor.execute("SELECT coalesce(sum(pg_relation_size(c.oid)), 0) FROM pg_class c"
+                           " WHERE c.relname = ANY(%s) AND c.relnamespace = 'public'::regnamespace",
+                           [[state.name for state in chosen]])
+            after = int(cursor.fetchone()[0]) + sum(_heap_bytes(cursor, table) for table in vacuumed)
+    return before, after
+
+
+def _heap_bytes(cursor: Any, table: str) -> int:
+    """表本身（不含索引）的字节数。"""
+    cursor.execute("SELECT pg_table_size(%s)", [table])
+    return int(cursor.fetchone()[0])
 
 
 # ---------------------------------------------------------------- 整库删除、重建、核对

@@ -63,6 +63,6 @@ class Command(BaseCommand):
                 merged = segments.merge_all(kb_id)
                 self.stdout.write(f"知识库 {kb_id}：{merged.merged} 个段并成 {merged.segments} 个，"
                                   f"清除已删 {merged.purged}")
-        # 升级时全部分块都经过 L0：合并完把 L0 的表与索引缩回去（平时 L0 只有几千行，这一步很快）
-        segments.shrink_l0()
+        # 升级时全部分块都经过 L0：合并完把停在高峰的索引（L0 的 GIN 首当其冲）重建回去
+        segments.shrink_indexes()
         self.stdout.write(f"完成：{done} 个分块，用时 {time.monotonic() - started:.1f} s")
