@@ -483,8 +483,8 @@ def vacuum() -> None:
 
 
 def maintain(kb: KnowledgeBase) -> dict[str, Any] | None:
-    """库闲下来之后定时维护做的事：按它的规则并段、缩回 L0，各自计时；再 VACUUM ANALYZE。没有 ``merge_idle`` 的
-    代码树跳过。"""
+    """库闲下来之后定时维护做的事：按它的规则并段、重建停在高峰的索引，各自计时；再 VACUUM ANALYZE。
+    没有 ``merge_idle`` 的代码树跳过。"""
     if SEGMENTS is None or not hasattr(SEGMENTS, "merge_idle"):
         print("  定时维护：这个代码树没有，跳过", flush=True)
         return None
@@ -755,7 +755,7 @@ def main() -> None:
     parser.add_argument("--wait-events", action="store_true",
                         help="写入期间另起一个进程采样写入后端的等待事件（看两个写入进程卡在锁上还是 CPU 上）")
     parser.add_argument("--maintained", action="store_true",
-                        help="量大小与查询之前做一遍闲下来之后的定时维护（并段、缩回 L0），计时")
+                        help="量大小与查询之前做一遍闲下来之后的定时维护（并段、重建停在高峰的索引），计时")
     parser.add_argument("--keep", action="store_true", help="结束后保留数据")
     parser.add_argument("--reuse", action="store_true",
                         help="不写入：在 --keep 留下的库上只重测大小、查询与 Lucene（--rows 要与当时相同）")

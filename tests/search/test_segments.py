@@ -543,8 +543,8 @@ def test_the_dictionary_block_cache_stays_within_its_budget(settings: Any) -> No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_schedule_rebuilds_bloated_indexes_and_drops_an_unfinished_reindex(in_l0: KnowledgeBase, settings: Any,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_schedule_rebuilds_bloated_indexes_and_drops_an_unfinished_reindex(
+        in_l0: KnowledgeBase, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """批量写入合并完 L0 空了、并段删掉了旧段，索引还停在高峰的大小：定时任务只重建远大于按现有的行估出的大小的
     索引；上一次中途被杀的 REINDEX CONCURRENTLY 留下的无效索引（写入还要维护它）一并删掉。检索结果不变。"""
     # 唯一索引在重复值上建不成：CONCURRENTLY 失败时留下无效索引，与被杀的 REINDEX CONCURRENTLY 留下的一样
