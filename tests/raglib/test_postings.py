@@ -225,11 +225,14 @@ def check_blocks(p: Postings, blocks: list[Block]) -> None:
         assert 1 <= block.count <= BLOCK_SIZE and block.count == len(decoded)
         assert decoded.docs.tolist() == sorted(docs)  # 块内按 doc 升序
         assert block.max_impact == max_impact == int(impacts(decoded.title_tf, decoded.body_tf, decoded.norms).max())
-        # 数据格式：宽度是装得下最大差值的最小者，第一个 doc 是 uint32 小端，长度与 count、宽度一致
-        width, largest = block.data[0], int(np.diff(decoded.docs).max(initial=0))
-        assert width == next(w for w in (1, 2, 4) if largest < 256**w)
+        # 数据格式：宽度是装得下最大差值的最小者，第一个 doc 是 uint32 小端；标题词频全 0、正文词频全 1 的块
+        # 省掉那一节并在块头记下，长度与 count、宽度、节数一致
+        head, largest = block.data[0], int(np.diff(decoded.docs).max(initial=0))
+        width, no_title, body_ones = head & 0x07, bool(head & 0x40), bool(head & 0x20)
+        assert head & ~0x67 == 0 and width == next(w for w in (1, 2, 4) if largest < 256**w)
+        assert no_title == bool((decoded.title_tf == 0).all()) and body_ones == bool((decoded.body_tf == 1).all())
         assert int.from_bytes(block.data[1:5], "little") == decoded.docs[0]
-        assert len(block.data) == 5 + (block.count - 1) * width + 3 * block.count
+        assert len(block.data) == 5 + (block.count - 1) * width + (3 - no_title - body_ones) * block.count
 
     # 同一个词：块号 n 的每条倒排影响力都不低于块号 n+1 的任何一条
     for block, after in itertools.pairwise(blocks):
@@ -259,7 +262,7 @@ def test_long_term_spans_many_blocks_and_all_widths() -> None:
                  norm_bytes(rng.integers(0, 3000, docs.size)))
     blocks = build_blocks(p)
     assert [b.number for b in blocks if b.term == 5] == list(range(8))
-    assert {b.data[0] for b in blocks} == {1, 2, 4}
+    assert {b.data[0] & 0x07 for b in blocks} == {1, 2, 4}
     check_blocks(p, blocks)
     # 块与块以任意顺序解码，得到同一个多重集
     shuffled = [(b.term, b.data) for b in reversed(blocks)]
@@ -272,7 +275,24 @@ def test_block_edge_cases() -> None:
     top = 2**32 - 1
     p = Postings(np.array([3, 3]), np.array([0, top]), np.array([0, 0]), np.array([1, 1]), np.array([0, 0]))
     (block,) = build_blocks(p)
-    assert block.data[0] == 4 and decode_blocks([(3, block.data)]).docs.tolist() == [0, top]
+    assert block.data[0] == 4 | 0x40 | 0x20 and decode_blocks([(3, block.data)]).docs.tolist() == [0, top]
+
+
+def test_blocks_written_before_the_section_flags_still_decode() -> None:
+    """2026-11-29 以前写的块：块头只有宽度，三节词频都在。新写法只省掉全 0 的标题、全 1 的正文两节，同样的倒排
+    两种字节解出来相同（落盘格式逐字节钉住）。"""
+    p = Postings(np.array([1, 1]), np.array([7, 9]), np.array([0, 0]), np.array([1, 1]), np.array([5, 6]))
+    old = b"\x01" + (7).to_bytes(4, "little") + b"\x02" + b"\x00\x00" + b"\x01\x01" + b"\x05\x06"
+    (block,) = build_blocks(p)
+    assert block.data == b"\x61" + (7).to_bytes(4, "little") + b"\x02" + b"\x05\x06"
+    assert canonical(decode_blocks([(1, old)])).tolist() == canonical(p).tolist()
+    assert canonical(decode_blocks([(1, old), (1, block.data)])).tolist() == canonical(Postings.concat([p, p])).tolist()
+    # 只有标题一节省掉（正文词频有 2）、只有正文一节省掉（标题词频有 1）
+    titled = Postings(np.array([1, 1]), np.array([7, 9]), np.array([0, 1]), np.array([1, 1]), np.array([5, 6]))
+    repeated = Postings(np.array([1, 1]), np.array([7, 9]), np.array([0, 0]), np.array([2, 1]), np.array([5, 6]))
+    assert build_blocks(titled)[0].data[0] == 0x21 and build_blocks(repeated)[0].data[0] == 0x41
+    for q in (titled, repeated):
+        assert canonical(decode_blocks([(1, build_blocks(q)[0].data)])).tolist() == canonical(q).tolist()
 
 
 def test_duplicate_term_doc_raises() -> None:
@@ -291,7 +311,8 @@ def test_out_of_range_docs_raise(doc: int) -> None:
         build_blocks(p)
 
 
-@pytest.mark.parametrize("data", [b"\x01\x00\x00", b"\x03" + bytes(7), b"\x01" + bytes(8)])
+@pytest.mark.parametrize("data", [b"\x01\x00\x00", b"\x03" + bytes(7), b"\x01" + bytes(8), b"\x81" + bytes(7),
+                                  b"\x61" + bytes(4)])
 def test_corrupt_block_data_raises(data: bytes) -> None:
     with pytest.raises(ValueError, match="块数据"):
         decode_blocks([(1, data)])
