@@ -493,7 +493,7 @@ def repack_small_tables() -> bool:
 
 
 # 引擎各表的索引停在批量写入与并段的高峰：B 树删掉的条目留下的空页只在 VACUUM 之后复用，GIN 更是几乎不缩，
-# 文件都不会变小。三个合成库（110 万块）维护之后量过（bench/pages/fulltext_engine.md 的“索引停在高峰”）：
+# 文件都不会变小。三个合成库（110 万块）维护之后量过（bench/pages/fulltext_engine.md 的“索引随维护重建……”）：
 # 倒排块主键每条 107 B（重建后 50）、词典主键 404（50）、首字 df 主键 893（42）；0 行的删除集 GIN 160 MB、
 # 删除集按词计数的主键 76 MB、L0 的 GIN 118 MB。重建 125 MB 的倒排块主键约 1.5 s。门槛以下（空表重建后也有
 # 一两页）不值得动
@@ -505,6 +505,8 @@ _INDEX_BLOAT_RATIO = 2.0
 _GIN_ROW_BYTES = 16 * 1024
 # 进出频繁、平时只有几千行的表：行数直接数（统计视图跟不上合并刚清空的时候），重建索引之前先 VACUUM 把表的空页还回去
 _TRANSIENT_TABLES = ("fulltext_l0", "fulltext_deleted")
+# 重建时看的表：L0 与段的表
+_INDEXED_TABLES = ("fulltext_l0", *_SEGMENT_TABLES)
 # 同一时刻只有一个进程在重建（REINDEX CONCURRENTLY 两个一起跑时后一个只是排队等）
 _SHRINK_LOCK = "search.fulltext_l0_shrink"
 # 一个索引的现状：名字、所在的表、访问方法、字节数、按现有的行估出的新建大小
@@ -534,7 +536,7 @@ class IndexState:
 
 def fresh_index_bytes(method: str, rows: int, widths: Sequence[int]) -> float:
     """新建的索引装 ``rows`` 行大约要的字节。B 树的叶子条目是 8 字节的条目头加各列（``widths``，按 8 字节对齐），
-    另有 4 字节的行指针，页面填到 90%（默认 fillfactor）；量过的四个主键与这个估计差 15% 以内。GIN 按每行
+    另有 4 字节的行指针，页面填到 90%（默认 fillfactor）；四个主键重建后的实测与这个估计差 4% 以内。GIN 按每行
     ``_GIN_ROW_BYTES`` 宽估（宁大勿小：只抓远大于行数的）。"""
     if method != "btree":
         return float(rows * _GIN_ROW_BYTES)
@@ -545,11 +547,10 @@ def fresh_index_bytes(method: str, rows: int, widths: Sequence[int]) -> float:
 def index_states() -> list[IndexState]:
     """引擎各表（L0 与段的表）的有效索引的现状。暂存的表的行数直接数，其余的取统计视图里的活行数：
     刚并过段、死行还没清时，死行的条目正是要重建掉的。"""
-    tables = ("fulltext_l0", *_SEGMENT_TABLES)
     with connection.cursor() as cursor:
         cursor.execute("SELECT (SELECT count(*) FROM fulltext_l0), (SELECT count(*) FROM fulltext_deleted)")
         rows = dict(zip(_TRANSIENT_TABLES, (int(n) for n in cursor.fetchone()), strict=True))
-        cursor.execute(_INDEX_STATE_SQL, [list(tables)])
+        cursor.execute(_INDEX_STATE_SQL, [list(_INDEXED_TABLES)])
         return [IndexState(name, table, int(size),
                            fresh_index_bytes(method, rows.get(table, int(live)), [int(w) for w in widths]))
                 for name, table, method, size, live, widths in cursor.fetchall()]
@@ -574,7 +575,7 @@ def shrink_indexes() -> tuple[int, int] | None:
             cursor.execute("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
                            " JOIN pg_class t ON t.oid = i.indrelid WHERE t.relname = ANY(%s)"
                            " AND t.relnamespace = 'public'::regnamespace AND NOT i.indisvalid"
-                           " AND c.relname ~ '_cc(new|old)[0-9]*$'", [["fulltext_l0", *_SEGMENT_TABLES]])
+                           " AND c.relname ~ '_cc(new|old)[0-9]*$'", [list(_INDEXED_TABLES)])
             for (name,) in cursor.fetchall():
                 cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {connection.ops.quote_name(name)}")
             chosen = [state for state in index_states() if state.bloated]
