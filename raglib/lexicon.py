@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from raglib.postings import BLOCK_SIZE, Postings, decode_joined, encode_blocks, first_of_runs
+from raglib.postings import BLOCK_SIZE, NormLookup, Postings, decode_joined, encode_blocks, first_of_runs
 
 # 一个词的倒排编码后不超过这么多字节就内联进词典（约 20 个倒排）：再大就值得单独一行
 INLINE_MAX_BYTES = 96
@@ -209,6 +209,7 @@ def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
     ``postings.terms`` 是其中的下标。
 
     每个词的倒排按 :func:`raglib.postings.encode_blocks` 切块；只有一块且不超过 ``INLINE_MAX_BYTES`` 的内联进词典。
+    块里没有长度字节：段按序号存的那一份由调用方与这些行一起写（``fulltext_segments.norms``）。
     """
     encoded = encode_blocks(postings)
     if not len(encoded):
@@ -235,8 +236,10 @@ def build_segment(lexemes: Sequence[str], postings: Postings) -> SegmentRows:
 
 
 def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]], *,
-                 low: str | None = None, high: str | None = None) -> tuple[list[str], Postings]:
+                 low: str | None = None, high: str | None = None,
+                 norms: NormLookup | None = None) -> tuple[list[str], Postings]:
     """:func:`build_segment` 的逆：一个段的词典块与倒排块 (lexeme, data) → (词位表, 倒排)，合并时用。
+    ``norms`` 是这个段按序号存的长度字节（:func:`raglib.postings.dense_norms`；块里自带长度字节的旧段不用给）。
 
     给了 ``low`` / ``high`` 时只要词位在 [low, high) 里的（并段按词位分片读，跨片边界的词典块两片都会读到）；
     ``blocks`` 应当已按同样的范围取好。词典块按列读：词位表整块解码一次，内联倒排整段切下（它们在块里本来就
@@ -267,7 +270,7 @@ def read_segment(dictionary: Iterable[bytes], blocks: Iterable[tuple[str, bytes]
         block_terms.append(index)
     lengths.append(np.fromiter(map(len, joined[len(parts):]), dtype=np.int64, count=len(block_terms)))
     terms.append(np.array(block_terms, dtype=np.int64))
-    return lexemes, decode_joined(b"".join(joined), np.concatenate(lengths), np.concatenate(terms))
+    return lexemes, decode_joined(b"".join(joined), np.concatenate(lengths), np.concatenate(terms), norms)
 
 
 def _dictionary_columns(data: bytes) -> tuple[list[str], np.ndarray, bytes]:

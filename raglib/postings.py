@@ -18,23 +18,28 @@
 块数据格式（落盘格式：能读的旧块永远要能读，新的写法只能加标志位）::
 
     1 字节  块头：低 3 位是宽度 w（1、2 或 4：每个 doc 差值占几个字节），0x40 = 没有标题词频一节，
-            0x20 = 没有正文词频一节
+            0x20 = 没有正文词频一节，0x10 = 没有长度字节一节（长度按 doc 存在段里）
     4 字节  第一个 doc，uint32 小端
     (count-1)·w 字节  相邻 doc 的差值 doc[i]-doc[i-1]，各 w 字节小端；w 取装得下最大差值的最小者
     count 字节  标题词频（块里全是 0 时省掉，块头记 0x40）
     count 字节  正文词频（块里全是 1 时省掉，块头记 0x20）
-    count 字节  长度字节（norm）
+    count 字节  长度字节（norm；块头记 0x10 时没有这一节）
 
 块内按 doc 升序存，差值因此为正且通常很小：宽度为 1 时每条倒排只占 2~4 个字节。两个标志是 2026-11-29 加的：
 10 万块的合成库里 98.9% 的块没有一条标题词频、94% 的块正文词频全是 1（字 bigram 在一个分块里多半只出现一次），
-省下块数据的 37%；以前写的块块头就是宽度（两位标志都是 0），照旧按三节读。count 不单独存：有 s 节词频时
+省下块数据的 37%；以前写的块块头就是宽度（两位标志都是 0），照旧按三节读。count 不单独存：有 s 节时
 数据长度 ``len = 5 + (count-1)·w + s·count``，已知块头时 ``count = (len - 5 + w) / (w + s)`` 唯一确定，
 解码时校验整除。doc 必须在 [0, 2^32) 内（实际是知识库里压实后的分块序号，小于 2^31）。
+
+长度字节按 doc 存一份（0x10，2026-11-30 起的写法）
+    同一个分块的长度字节在它的每条倒排里都一样：10 万块的库里一个分块约有 150 条倒排在块里，每条重复一次
+    长度。新写的块不带这一节，长度由段按序号存一份（``fulltext_segments.norms``，一个分块一字节），解码时
+    由调用方给出 :data:`NormLookup`（doc → 长度字节）。以前写的块（没有 0x10）照旧从块里读。
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -49,6 +54,8 @@ _HEADER = 5  # 块头 1 字节 + 第一个 doc 4 字节
 _WIDTH_BITS = 0x07
 _NO_TITLE = 0x40  # 块里的标题词频全是 0：不存这一节
 _BODY_ONES = 0x20  # 块里的正文词频全是 1：不存这一节
+_DOC_NORMS = 0x10  # 不存长度字节：按 doc 取自段（NormLookup）
+_FLAGS = _WIDTH_BITS | _NO_TITLE | _BODY_ONES | _DOC_NORMS
 _WIDTH_MASKS = np.array([0, 0xFF, 0xFFFF, 0, 0xFFFFFFFF], dtype=np.uint32)  # 按差值宽度取低几个字节
 
 
@@ -179,6 +186,24 @@ class Postings:
         return self.select(np.isin(self.terms, terms))
 
 
+# doc（int64 数组）→ 它们的长度字节（uint8，同样长）：解码不带长度字节的块时由调用方给出
+NormLookup = Callable[[np.ndarray], np.ndarray]
+
+
+def dense_norms(first: int, values: np.ndarray) -> NormLookup:
+    """一段连续序号 [first, first + len(values)) 的长度字节（一个段的 ``norms``，或相邻几个段的拼在一起）。
+    查不在范围里的 doc 是数据错了（块里的 doc 不属于这个段），报错而不是读到别处。"""
+    values = np.asarray(values, dtype=np.uint8)
+
+    def lookup(docs: np.ndarray) -> np.ndarray:
+        index = np.asarray(docs, dtype=np.int64) - first
+        if index.size and (int(index.min()) < 0 or int(index.max()) >= values.size):
+            raise ValueError("块数据损坏：doc 不在段的序号范围里，没有它的长度字节")
+        return values[index]
+
+    return lookup
+
+
 def first_of_runs(values: np.ndarray) -> np.ndarray:
     """有序数组里每一段相同值的起点下标。"""
     return np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
@@ -211,6 +236,7 @@ def encode_blocks(postings: Postings) -> EncodedBlocks:
     排，同影响力自然保持 doc 升序，按这个顺序每 ``BLOCK_SIZE`` 条切一块；最后按 (块, doc) 排出块内顺序。
     键都装得进 uint64：词减去最小值后不到 2^32，doc 与块序号也都不到 2^32；影响力非负，不到 2^15。
     都用稳定排序（timsort）：输入常常已是按词或按块排好的（合并旧块时），有序段越长排得越快。
+    长度字节不进块（块头都记 0x10）：写段的一方按序号另存一份，解码时按 doc 查回来（:data:`NormLookup`）。
     """
     n = len(postings)
     if n == 0:
@@ -258,10 +284,10 @@ def encode_blocks(postings: Postings) -> EncodedBlocks:
     title, body = postings.title_tf[order], postings.body_tf[order]
     has_title = np.maximum.reduceat(title, block_starts) > 0
     has_body = (np.maximum.reduceat(body, block_starts) != 1) | (np.minimum.reduceat(body, block_starts) != 1)
-    sizes = _HEADER + (counts - 1) * width + (1 + has_title + has_body) * counts
+    sizes = _HEADER + (counts - 1) * width + (has_title.astype(np.int64) + has_body) * counts
     offsets = np.cumsum(sizes) - sizes
     buf = np.zeros(int(sizes.sum()), dtype=np.uint8)
-    buf[offsets] = width | np.where(has_title, 0, _NO_TITLE) | np.where(has_body, 0, _BODY_ONES)
+    buf[offsets] = width | np.where(has_title, 0, _NO_TITLE) | np.where(has_body, 0, _BODY_ONES) | _DOC_NORMS
     buf[offsets[:, None] + np.arange(1, 5)] = docs[block_starts].astype("<u4").view(np.uint8).reshape(-1, 4)
 
     # 与解码一样，每块的量用 np.repeat 铺到各条倒排上，下标写成“块的基址 + 全局序号”
@@ -278,15 +304,13 @@ def encode_blocks(postings: Postings) -> EncodedBlocks:
     post_count = np.repeat(counts, counts)
     post_title, post_body = np.repeat(has_title, counts), np.repeat(has_body, counts)
     buf[tf_at[post_title]] = title[post_title]
-    body_at = tf_at + post_title * post_count
-    buf[body_at[post_body]] = body[post_body]
-    buf[body_at + post_body * post_count] = postings.norms[order]
+    buf[(tf_at + post_title * post_count)[post_body]] = body[post_body]
 
     return EncodedBlocks(block_terms, block_numbers, block_max, counts, offsets, sizes.astype(np.int64), buf)
 
 
-def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
-    """(词, 块数据) 解回拍平的倒排（块内按 doc 升序，块与块按传入顺序相接）。
+def decode_blocks(blocks: Sequence[tuple[int, bytes]], norms: NormLookup | None = None) -> Postings:
+    """(词, 块数据) 解回拍平的倒排（块内按 doc 升序，块与块按传入顺序相接）。``norms`` 见 :func:`decode_joined`。
 
     所有块先拼成一个缓冲区，再对全部倒排一起做下标运算：逐块调用 numpy 的固定开销（每次几微秒）
     在一次查询读几百块时会比解码本身还贵。
@@ -295,13 +319,14 @@ def decode_blocks(blocks: Sequence[tuple[int, bytes]]) -> Postings:
         return Postings.empty()
     datas = [data for _, data in blocks]
     return decode_joined(b"".join(datas), np.fromiter(map(len, datas), dtype=np.int64, count=len(datas)),
-                         np.fromiter((term for term, _ in blocks), dtype=np.int32, count=len(blocks)))
+                         np.fromiter((term for term, _ in blocks), dtype=np.int32, count=len(blocks)), norms)
 
 
-def decode_joined(joined: bytes, lengths: np.ndarray, terms: np.ndarray) -> Postings:
+def decode_joined(joined: bytes, lengths: np.ndarray, terms: np.ndarray, norms: NormLookup | None = None) -> Postings:
     """首尾相接的一串块（第 i 块 ``lengths[i]`` 字节、属于词 ``terms[i]``）解回拍平的倒排。
 
-    词典块里的内联倒排本来就首尾相接：合并读段时整段切下来交给这里，不必先拆成逐块的 bytes。"""
+    词典块里的内联倒排本来就首尾相接：合并读段时整段切下来交给这里，不必先拆成逐块的 bytes。
+    不带长度字节的块（块头 0x10）按 doc 从 ``norms`` 查；有这样的块而没给 ``norms`` 时报错。"""
     if not len(lengths):
         return Postings.empty()
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -314,12 +339,14 @@ def decode_joined(joined: bytes, lengths: np.ndarray, terms: np.ndarray) -> Post
     offsets = np.cumsum(lengths) - lengths
     head = buf[offsets].astype(np.int64)
     width = head & _WIDTH_BITS
-    has_title, has_body = (head & _NO_TITLE) == 0, (head & _BODY_ONES) == 0
-    sections = 1 + has_title + has_body
+    has_title, has_body, has_norm = (head & _NO_TITLE) == 0, (head & _BODY_ONES) == 0, (head & _DOC_NORMS) == 0
+    sections = has_norm.astype(np.int64) + has_title + has_body
     counts, rest = np.divmod(lengths - _HEADER + width, width + sections)
     if (np.any(lengths < _HEADER + sections) or np.any((width != 1) & (width != 2) & (width != 4))
-            or np.any(head & ~(_WIDTH_BITS | _NO_TITLE | _BODY_ONES)) or np.any(rest != 0)):
+            or np.any(head & ~_FLAGS) or np.any(rest != 0)):
         raise ValueError("块数据损坏：块头或长度不对")
+    if norms is None and not has_norm.all():
+        raise ValueError("块的长度字节存在段里：解码要给出 norms")
 
     # 每块的量用 np.repeat 铺到各条倒排上（比按块下标 gather 便宜），下标都写成“块的基址 + 全局序号”
     total = int(counts.sum())
@@ -335,23 +362,29 @@ def decode_joined(joined: bytes, lengths: np.ndarray, terms: np.ndarray) -> Post
 
     # 各节词频的起点按块算好（减去本块第一条的全局序号，加上序号就是字节位置）；缺的节取定值（标题 0、正文 1）
     title_at = offsets + _HEADER + (counts - 1) * width - starts
-    if has_title.all() and has_body.all():  # 三节都在（旧块、词频各异的常见词）：一次铺开
+    terms = np.repeat(np.asarray(terms, dtype=np.int32), counts)
+    if has_title.all() and has_body.all() and has_norm.all():  # 三节都在（旧块、词频各异的常见词）：一次铺开
         tf_at = np.repeat(title_at, counts) + index
         post_count = np.repeat(counts, counts)
-        return Postings(np.repeat(np.asarray(terms, dtype=np.int32), counts), docs, buf[tf_at],
-                        buf[tf_at + post_count], buf[tf_at + 2 * post_count])
+        return Postings(terms, docs, buf[tf_at], buf[tf_at + post_count], buf[tf_at + 2 * post_count])
     body_at = title_at + has_title * counts
-    norm_at = body_at + has_body * counts
     title = _section(buf, title_at, has_title, counts, starts, 0)
     body = _section(buf, body_at, has_body, counts, starts, 1)
-    return Postings(np.repeat(np.asarray(terms, dtype=np.int32), counts), docs, title, body,
-                    buf[np.repeat(norm_at, counts) + index])
+    if not has_norm.any():  # 新写的块都不带长度字节
+        assert norms is not None
+        return Postings(terms, docs, title, body, norms(docs))
+    norm = _section(buf, body_at + has_body * counts, has_norm, counts, starts, 0)
+    if not has_norm.all():
+        assert norms is not None
+        looked_up = np.repeat(~has_norm, counts)
+        norm[looked_up] = norms(docs[looked_up])
+    return Postings(terms, docs, title, body, norm)
 
 
 def _section(buf: np.ndarray, at: np.ndarray, present: np.ndarray, counts: np.ndarray, starts: np.ndarray,
              missing: int) -> np.ndarray:
-    """一节词频铺回每条倒排：块 i 的第 j 条在 ``buf[at[i] + starts[i] + j]``；没有这一节的块取 ``missing``。
-    新写的块多半两节都省掉，只对有这一节的块取。"""
+    """一节（词频或长度字节）铺回每条倒排：块 i 的第 j 条在 ``buf[at[i] + starts[i] + j]``；没有这一节的块取
+    ``missing``。新写的块多半几节都省掉，只对有这一节的块取。"""
     total = int(counts.sum())
     result = np.full(total, missing, dtype=np.uint8)
     chosen = np.flatnonzero(present)

@@ -53,6 +53,7 @@ from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, cover
 from raglib.lexicon import Entry
 from raglib.postings import (
     BLOCK_SIZE,
+    NormLookup,
     Postings,
     bm25_scores,
     capped_tf,
@@ -64,7 +65,7 @@ from raglib.postings import (
 )
 from search import segments
 from search.fulltext import Bm25Statistics, ChunkScope, FulltextHits, PathHit
-from search.segment_cache import DICTIONARIES, PREFIX_END, SettledState
+from search.segment_cache import DICTIONARIES, PREFIX_END, SettledState, StaleSegments
 
 # ---------------------------------------------------------------- 一个快照里的统计与候选
 
@@ -407,7 +408,14 @@ def _ranked(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope
     # 倒排块是一次查询里传得最多的数据：常见词的前几块多半在进程的段缓存里，缺的按二进制格式取（同一个快照；
     # 带 settled 时是自动提交的一条语句，段不变，读到的还是那个段的块）
     blocks = DICTIONARIES.posting_blocks(cursor, kb_id, snapshot.segments, wanted)
-    postings = _decode(pairs, joined, blocks).without_docs(snapshot.deleted)
+    # 新写的块不带长度字节：按序号从段里查（缓存在进程里，见 search.segment_cache）
+    try:
+        norms = DICTIONARIES.norms(cursor, kb_id, snapshot.segments) if pairs or joined or blocks else None
+    except StaleSegments:
+        if settled is None:  # 快照里的段表不会缺段
+            raise
+        return None  # 记下的段表过时了：调用方在快照里重查
+    postings = _decode(pairs, joined, blocks, norms).without_docs(snapshot.deleted)
     # L0 的分块还没有序号：用负数作它们的键（-1 - 下标），与段里的序号不冲突
     l0_chunks = sorted({part[1] for part in l0_parts})
     l0_key = {chunk_id: -1 - i for i, chunk_id in enumerate(l0_chunks)}
@@ -427,11 +435,11 @@ def _ranked(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkScope
 
 
 def _decode(pairs: Sequence[tuple[int, bytes]], joined: Sequence[tuple[bytes, np.ndarray, int]],
-            blocks: Sequence[tuple[int, bytes]]) -> Postings:
+            blocks: Sequence[tuple[int, bytes]], norms: NormLookup | None) -> Postings:
     """精确词的内联倒排、前缀词在各段里拼好的内联倒排、倒排块，按这个顺序一次解码（每次调用 numpy 有十几次的固定
     开销）。同一个位里先内联、后块，与逐块排好再解码时相同：同一分块在前缀词的位上的几条倒排按这个先后相加。"""
     if not joined:  # 多数查询没有要读的前缀词
-        return decode_blocks([*pairs, *blocks]) if pairs or blocks else Postings.empty()
+        return decode_blocks([*pairs, *blocks], norms) if pairs or blocks else Postings.empty()
     lengths = np.concatenate([np.fromiter((len(data) for _, data in pairs), dtype=np.int64, count=len(pairs)),
                               *(part[1] for part in joined),
                               np.fromiter((len(data) for _, data in blocks), dtype=np.int64, count=len(blocks))])
@@ -440,7 +448,7 @@ def _decode(pairs: Sequence[tuple[int, bytes]], joined: Sequence[tuple[bytes, np
                                       [len(part[1]) for part in joined]),
                             np.fromiter((slot for slot, _ in blocks), dtype=np.int32, count=len(blocks))])
     data = b"".join([*(data for _, data in pairs), *(part[0] for part in joined), *(data for _, data in blocks)])
-    return decode_joined(data, lengths, slots)
+    return decode_joined(data, lengths, slots, norms)
 
 
 def _blocks_to_read(read: TermRead, entry: Entry) -> int:

@@ -24,6 +24,9 @@
 - **按首字的 df**：前缀词在一个段里的 df 之和（``fulltext_prefixes``），按 (代号, 前缀) 记在同一个 LRU 里。
 - **前缀词的条目**：要读倒排的前缀词在一个段里的全部条目，内联的倒排拼成一段字节（:class:`PrefixEntries`），
   按 (代号, 前缀) 记在同一个 LRU 里：常用字开头的词位有上千个，每次从几十个词典块里找出来、逐个构造条目要几毫秒。
+- **段的长度字节**：一个段按序号存的分块长度字节（``fulltext_segments.norms``，一个分块一字节；v7 以前写的段没有，
+  它们的块自带），按 (代号,) 记在同一个 LRU、同一份预算里。新写的块不再逐条带长度字节，解码要按序号查它
+  （:meth:`SegmentDictionaries.norms`）；100 万块的段 1 MB，第一次用到时读一次。
 - **倒排块**：一个词在一个段里已经取过的前几块（块号 0 起连续的一段，压缩的字节），按 (代号, 词位) 记在同一个 LRU、
   同一份预算里。常见词每个查询都要读影响力最高的那几块，命中时这条语句整个省掉（热缓存时每个查询约 0.4 ms）；
   要的块比记着的多时只取后面缺的那几块，接上再记。
@@ -51,6 +54,7 @@ from django.conf import settings
 
 from infra.routers import fetchall_prepared
 from raglib.lexicon import DictionaryBlock, Entry, unpack_dictionary_block
+from raglib.postings import NormLookup, dense_norms
 
 # 前缀词的范围上界：以 p 开头的词位都小于 p + U+10FFFF（与查询一侧的 SQL 同一个约定）
 PREFIX_END = "\U0010ffff"
@@ -72,6 +76,18 @@ class PrefixEntries(NamedTuple):
     joined: bytes
     lengths: np.ndarray  # int64
     blocked: tuple[Entry, ...]
+
+
+class StaleSegments(LookupError):
+    """要的段已经不在段表里：调用方拿的是快照外记下的段表（合并完的库的 :class:`SettledState`），其间被并掉了。"""
+
+
+class SegmentNorms(NamedTuple):
+    """一个段的序号范围 [first, end) 与按序号的长度字节（v7 以前写的段为 None：块里自带）。"""
+
+    first: int
+    end: int
+    values: bytes | None
 
 
 @dataclass(frozen=True)
@@ -259,6 +275,36 @@ class SegmentDictionaries:
         return [(slot, data) for segment_id, lexeme, count, slot in wanted
                 for data in cached.get(keys[(segment_id, lexeme)], ())[:count]]
 
+    def norms(self, cursor: Any, kb_id: uuid.UUID, segments: Sequence[tuple[int, int]]) -> NormLookup | None:
+        """这些段（快照里的 (段号, 代号)）里分块的长度字节，按序号查（:func:`raglib.postings.dense_norms`）；
+        段都是 v7 以前写的（块里自带长度字节）时为 None。缓存里没有的段在 ``cursor`` 上一条语句取回；
+        其中有段已经不在时抛 :class:`StaleSegments`（只会发生在快照外记下的段表上）。
+
+        相邻的段序号连成一段（并段只并相邻的），几个段的拼成一个数组；旧段的那一截填 0，它的块不会来查。"""
+        keys = {segment_id: (generation, 4) for segment_id, generation in segments}
+        cached: dict[tuple[Any, ...], SegmentNorms] = self._hits(list(keys.values()))
+        absent = [segment_id for segment_id, key in keys.items() if key not in cached]
+        if absent:
+            cursor.execute("SELECT segment_id, first_ordinal, end_ordinal, norms FROM fulltext_segments"
+                           " WHERE knowledge_base_id = %s AND segment_id = ANY(%s)", [kb_id, absent])
+            fetched = {keys[int(segment_id)]: SegmentNorms(int(first), int(end), None if data is None else bytes(data))
+                       for segment_id, first, end, data in cursor.fetchall()}
+            if len(fetched) < len(absent):
+                raise StaleSegments(kb_id)
+            self._store(fetched)
+            cached.update(fetched)
+        parts = sorted((part for part in cached.values() if part.end > part.first), key=lambda part: part.first)
+        if all(part.values is None for part in parts):
+            return None
+        if len(parts) == 1:
+            assert parts[0].values is not None
+            return dense_norms(parts[0].first, np.frombuffer(parts[0].values, dtype=np.uint8))
+        values = np.zeros(parts[-1].end - parts[0].first, dtype=np.uint8)
+        for part in parts:
+            if part.values is not None:
+                values[part.first - parts[0].first:part.end - parts[0].first] = np.frombuffer(part.values, np.uint8)
+        return dense_norms(parts[0].first, values)
+
     def _directories_for(self, cursor: Any, kb_id: uuid.UUID,
                          segments: Sequence[tuple[int, int]]) -> dict[int, list[str]]:
         with self._lock:
@@ -364,6 +410,8 @@ def _size(value: Any) -> int:
     """缓存里一项计入预算的字节数：词典块是它的数据；词条是固定开销加内联倒排；一串倒排块是固定开销加各块。"""
     if isinstance(value, bytes):
         return len(value)
+    if isinstance(value, SegmentNorms):
+        return _ENTRY_BYTES + len(value.values or b"")
     if isinstance(value, PrefixEntries):
         return _ENTRY_BYTES * (1 + len(value.blocked)) + len(value.joined) + value.lengths.nbytes
     if isinstance(value, int):

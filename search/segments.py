@@ -34,7 +34,7 @@ from django.db import OperationalError, connection, transaction
 
 from infra.locks import advisory_lock
 from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, prefix_dfs, read_segment
-from raglib.postings import TF_MAX, Postings, capped_tf, norm_bytes
+from raglib.postings import TF_MAX, Postings, capped_tf, dense_norms, norm_bytes
 
 # 相邻的这么多个同层段并成一个
 MERGE_FACTOR = 8
@@ -142,7 +142,8 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
             end = next_ordinal + len(rows)
             lexemes, postings = _l0_postings(rows, next_ordinal)
             _write_segment(cursor, kb_id, _Segment(next_segment, next_ordinal, end, len(rows)),
-                           build_segment(lexemes, postings))
+                           build_segment(lexemes, postings),
+                           norm_bytes(np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows))))
             cursor.execute(
                 "INSERT INTO fulltext_docs (knowledge_base_id, ordinal, chunk_id, length, document_id)"
                 " SELECT %s, o, c, l, d FROM unnest(%s::int[], %s::bigint[], %s::int[], %s::uuid[]) AS r(o, c, l, d)",
@@ -189,16 +190,20 @@ def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[l
                              np.clip(body, 0, TF_MAX).astype(np.uint8), norm_bytes(lengths))
 
 
-def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: SegmentRows) -> None:
-    _insert_segment(cursor, kb_id, segment)
+def _write_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, rows: SegmentRows, norms: np.ndarray) -> None:
+    _insert_segment(cursor, kb_id, segment, norms)
     _write_terms(cursor, kb_id, segment.segment_id, rows)
     _write_prefixes(cursor, kb_id, segment.segment_id, rows.prefixes)
 
 
-def _insert_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment) -> None:
+def _insert_segment(cursor: Any, kb_id: uuid.UUID, segment: _Segment, norms: np.ndarray) -> None:
+    """段表的一行，带上 [first, end) 每个序号的长度字节（块里不再逐条存它，见 ``fulltext_storage.v7.sql``）。"""
+    if len(norms) != segment.end - segment.first:
+        raise ValueError("段的长度字节与它的序号范围不等长")
     cursor.execute("INSERT INTO fulltext_segments (knowledge_base_id, segment_id, first_ordinal, end_ordinal,"
-                   " doc_count) VALUES (%s, %s, %s, %s, %s)",
-                   [kb_id, segment.segment_id, segment.first, segment.end, segment.docs])
+                   " doc_count, norms) VALUES (%s, %s, %s, %s, %s, %s)",
+                   [kb_id, segment.segment_id, segment.first, segment.end, segment.docs,
+                    np.asarray(norms, dtype=np.uint8).tobytes()])
 
 
 def _write_terms(cursor: Any, kb_id: uuid.UUID, segment_id: int, rows: SegmentRows) -> None:
@@ -372,14 +377,19 @@ def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_
     # 按词位分片：每片读各段里这一片的词典块与倒排块，编好写出，再读下一片。新段的词典块在片的边界断开，
     # 查找一个词（first_lexeme ≤ 它的最后一块）照样找得到；按首字的 df 跨片累加，最后写
     prefixes: dict[str, int] = {}
+    # 新段的长度字节从各片读到的倒排里收齐（每个留下的、有词的分块都有倒排落在某一片里）：旧段是按序号存的
+    # 还是块里自带的（v7 以前写的段）都一样
+    norms = np.zeros(end - first, dtype=np.uint8)
     for low, high in _slices(cursor, kb_id, segments):
         lexemes, postings = _read_segments(cursor, kb_id, ids, low, high)
-        rows = build_segment(lexemes, postings.without_docs(gone))
+        postings = postings.without_docs(gone)
+        norms[postings.docs - first] = postings.norms
+        rows = build_segment(lexemes, postings)
         _write_terms(cursor, kb_id, segment_id, rows)
         for prefix, df in rows.prefixes:
             prefixes[prefix] = prefixes.get(prefix, 0) + df
     _delete_segments(cursor, kb_id, ids)
-    _insert_segment(cursor, kb_id, _Segment(segment_id, first, end, docs))
+    _insert_segment(cursor, kb_id, _Segment(segment_id, first, end, docs), norms)
     _write_prefixes(cursor, kb_id, segment_id, sorted(prefixes.items()))
     if purged:
         cursor.execute("UPDATE fulltext_kb_stats SET chunk_count = chunk_count - %s,"
@@ -429,13 +439,17 @@ def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int], low: str |
     """几个段里词位在 [low, high) 的倒排（不给就是全部），词位统一成一张表（下标即 ``Postings.terms``）。
 
     词典块取与这一段范围有交集的：首词小于 high，且不早于首词 ≤ low 的最后一块（low 所在的那块）。"""
+    cursor.execute("SELECT segment_id, first_ordinal, norms FROM fulltext_segments WHERE knowledge_base_id = %s"
+                   " AND segment_id = ANY(%s)", [kb_id, list(ids)])
+    norms = {int(segment_id): None if data is None else dense_norms(int(first), np.frombuffer(data, dtype=np.uint8))
+             for segment_id, first, data in cursor.fetchall()}
     parts: list[tuple[list[str], Postings]] = []
     for segment_id in ids:
         cursor.execute(_SLICE_DICTIONARY_SQL, [kb_id, segment_id, kb_id, segment_id, low, high, high])
         dictionary = [bytes(row[0]) for row in cursor.fetchall()]
         cursor.execute(_SLICE_BLOCKS_SQL, [kb_id, segment_id, low, low, high, high])
         parts.append(read_segment(dictionary, [(lexeme, bytes(data)) for lexeme, data in cursor.fetchall()],
-                                  low=low, high=high))
+                                  low=low, high=high, norms=norms.get(segment_id)))
     return _union(parts)
 
 

@@ -26,10 +26,17 @@ from raglib.postings import BLOCK_SIZE, Postings
 LEXEMES = st.text(alphabet=st.sampled_from(list("abc肝功能乙高血压'é")), min_size=1, max_size=6)
 
 
-def _postings(rows: list[tuple[int, int, int, int, int]]) -> Postings:
-    terms, docs, title, body, norms = zip(*rows, strict=True) if rows else ((), (), (), (), ())
-    return Postings(np.array(terms, dtype=np.int32), np.array(docs, dtype=np.int64), np.array(title, dtype=np.uint8),
-                    np.array(body, dtype=np.uint8), np.array(norms, dtype=np.uint8))
+def _norms(docs: np.ndarray) -> np.ndarray:
+    """测试里每个 doc 的长度字节（块里不存它，读段时按 doc 查：同一 doc 的各条倒排相同）。"""
+    return (np.asarray(docs, dtype=np.int64) * 37 % 256).astype(np.uint8)
+
+
+def _postings(rows: list[tuple[int, int, int, int]]) -> Postings:
+    """(词, doc, 标题词频, 正文词频) 的行 → 倒排，长度字节取 :func:`_norms`。"""
+    terms, docs, title, body = zip(*rows, strict=True) if rows else ((), (), (), ())
+    docs_array = np.array(docs, dtype=np.int64)
+    return Postings(np.array(terms, dtype=np.int32), docs_array, np.array(title, dtype=np.uint8),
+                    np.array(body, dtype=np.uint8), _norms(docs_array))
 
 
 def _as_set(lexemes: list[str], postings: Postings) -> set[tuple[str, int, int, int, int]]:
@@ -64,14 +71,14 @@ def test_dictionary_blocks_round_trip_in_lexeme_order(raw: list[tuple[str, int, 
 
 
 @hsettings(max_examples=50)
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400), st.integers(0, 3), st.integers(0, 9),
-                          st.integers(0, 255)), unique_by=lambda r: (r[0], r[1]), max_size=600))
-def test_a_segment_reads_back_its_postings(rows: list[tuple[int, int, int, int, int]]) -> None:
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400), st.integers(0, 3), st.integers(0, 9)),
+                unique_by=lambda r: (r[0], r[1]), max_size=600))
+def test_a_segment_reads_back_its_postings(rows: list[tuple[int, int, int, int]]) -> None:
     lexemes = sorted({f"词{t:02d}" for t in range(31)})
     postings = _postings(rows)
     segment = build_segment(lexemes, postings)
     read_lexemes, read_postings = read_segment([data for _, data in segment.dictionary],
-                                               [(lexeme, data) for lexeme, _, data in segment.blocks])
+                                               [(lexeme, data) for lexeme, _, data in segment.blocks], norms=_norms)
     assert _as_set(read_lexemes, read_postings) == _as_set(lexemes, postings)
     entries = [entry for _, data in segment.dictionary for entry in decode_dictionary_block(data)]
     counts = np.bincount(postings.terms, minlength=len(lexemes)) if rows else np.zeros(len(lexemes), int)
@@ -84,7 +91,7 @@ def test_a_segment_reads_back_its_postings(rows: list[tuple[int, int, int, int, 
 
 
 def test_rare_terms_are_inlined_and_common_terms_get_blocks() -> None:
-    rows = [(0, doc, 0, 1, 10) for doc in range(300)] + [(1, 7, 1, 0, 10)]
+    rows = [(0, doc, 0, 1) for doc in range(300)] + [(1, 7, 1, 0)]
     segment = build_segment(["common", "rare"], _postings(rows))
     entries = {e.lexeme: e for _, data in segment.dictionary for e in decode_dictionary_block(data)}
     assert entries["rare"].inline is not None and entries["rare"].df == 1
@@ -126,13 +133,14 @@ def test_stored_dictionary_blocks_are_compressed_and_old_plain_blocks_still_read
     lexemes = sorted({entry.lexeme for entry in entries})
     terms = np.arange(len(lexemes), dtype=np.int32)
     postings = Postings(terms, terms.astype(np.int64) % 50, np.zeros(len(terms), np.uint8),
-                        np.ones(len(terms), np.uint8), np.full(len(terms), 9, np.uint8))
+                        np.ones(len(terms), np.uint8), _norms(terms % 50))
     segment = build_segment(lexemes, postings)
     stored_rows = [data for _, data in segment.dictionary]
     plain_rows = [unpack_dictionary_block(data) for data in stored_rows]
     assert plain_rows != stored_rows
     expected = _as_set(lexemes, postings)
-    assert _as_set(*read_segment(plain_rows, [])) == _as_set(*read_segment(stored_rows, [])) == expected
+    plain, stored = read_segment(plain_rows, [], norms=_norms), read_segment(stored_rows, [], norms=_norms)
+    assert _as_set(*plain) == _as_set(*stored) == expected
 
 
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=400).filter(lambda s: "\x00" not in s),
@@ -146,14 +154,14 @@ def test_dictionary_blocks_are_cut_like_the_greedy_definition(raw: list[tuple[st
 
 
 @hsettings(max_examples=50)
-@given(st.lists(st.tuples(st.integers(0, 299), st.integers(0, 40), st.integers(0, 3), st.integers(0, 9),
-                          st.integers(0, 255)), unique_by=lambda r: (r[0], r[1]), max_size=2000),
+@given(st.lists(st.tuples(st.integers(0, 299), st.integers(0, 40), st.integers(0, 3), st.integers(0, 9)),
+                unique_by=lambda r: (r[0], r[1]), max_size=2000),
        st.integers(0, 299), st.integers(0, 300))
-def test_a_segment_reads_back_one_lexeme_range(rows: list[tuple[int, int, int, int, int]], low: int,
+def test_a_segment_reads_back_one_lexeme_range(rows: list[tuple[int, int, int, int]], low: int,
                                               high: int) -> None:
     # 长词位让一个段有几十个词典块；并段按词位分片读：给了 [low, high) 只读回这一段词位的倒排，跨边界的块两边都读
     lexemes = [f"{t:03d}" + "词" * 40 for t in range(300)]
-    postings = _postings(rows + [(t, 41, 0, 1, 5) for t in range(300)])  # 每个词都在：词典有几十块
+    postings = _postings(rows + [(t, 41, 0, 1) for t in range(300)])  # 每个词都在：词典有几十块
     segment = build_segment(lexemes, postings)
     assert len(segment.dictionary) > 1
     low_lexeme = lexemes[low]
@@ -161,7 +169,7 @@ def test_a_segment_reads_back_one_lexeme_range(rows: list[tuple[int, int, int, i
     in_range = [(lexeme, data) for lexeme, _, data in segment.blocks
                 if lexeme >= low_lexeme and (high_lexeme is None or lexeme < high_lexeme)]
     read_lexemes, read_postings = read_segment([data for _, data in reversed(segment.dictionary)], in_range,
-                                               low=low_lexeme, high=high_lexeme)
+                                               low=low_lexeme, high=high_lexeme, norms=_norms)
     assert read_lexemes == sorted(read_lexemes)
     expected = {row for row in _as_set(lexemes, postings)
                 if row[0] >= low_lexeme and (high_lexeme is None or row[0] < high_lexeme)}
@@ -169,7 +177,7 @@ def test_a_segment_reads_back_one_lexeme_range(rows: list[tuple[int, int, int, i
 
 
 def test_read_segment_rejects_a_block_whose_lexeme_is_not_in_the_dictionary() -> None:
-    segment = build_segment(["common"], _postings([(0, doc, 0, 1, 10) for doc in range(300)]))
+    segment = build_segment(["common"], _postings([(0, doc, 0, 1) for doc in range(300)]))
     with pytest.raises(ValueError, match="不在词典里"):
         read_segment([data for _, data in segment.dictionary], [("other", segment.blocks[0][2])])
 

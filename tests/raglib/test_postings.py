@@ -27,6 +27,7 @@ from raglib.postings import (
     capped_tf,
     decode_blocks,
     decode_joined,
+    dense_norms,
     encode_blocks,
     impacts,
     norm_bytes,
@@ -35,6 +36,11 @@ from raglib.postings import (
 )
 
 FIELDS = ("terms", "docs", "title_tf", "body_tf", "norms")
+
+
+def doc_norm(docs: np.ndarray) -> np.ndarray:
+    """测试里每个 doc 的长度字节：doc 的确定函数（块不再带长度字节，解码按 doc 查它，同一 doc 的倒排必须相同）。"""
+    return ((np.asarray(docs, dtype=np.uint64) * np.uint64(2654435761)) >> np.uint64(7)).astype(np.uint8)
 
 
 # ---- Lucene SmallFloat 的逐位移植（org.apache.lucene.util.SmallFloat），作为独立的参考 ----
@@ -170,10 +176,9 @@ def postings_data(draw: Any) -> Postings:
     pairs = np.unique(np.stack([terms, docs], axis=1), axis=0)
     pairs = pairs[rng.permutation(len(pairs))]
     m = len(pairs)
-    lengths = rng.integers(0, 5001, m)
     title = np.minimum(rng.integers(0, 301, m) * (rng.random(m) < 0.3), TF_MAX)  # 多数分块标题里没有这个词
     body = np.minimum(rng.integers(0, 301, m) // rng.integers(1, 60, m), TF_MAX)
-    return Postings(pairs[:, 0], pairs[:, 1], title, body, norm_bytes(lengths))
+    return Postings(pairs[:, 0], pairs[:, 1], title, body, doc_norm(pairs[:, 1]))
 
 
 def canonical(p: Postings) -> np.ndarray:
@@ -203,7 +208,7 @@ def build_blocks(p: Postings) -> list[Block]:
 
 
 def check_blocks(p: Postings, blocks: list[Block]) -> None:
-    assert canonical(decode_blocks([(b.term, b.data) for b in blocks])).tolist() == canonical(p).tolist()
+    assert canonical(decode_blocks([(b.term, b.data) for b in blocks], doc_norm)).tolist() == canonical(p).tolist()
     assert [(b.term, b.number) for b in blocks] == sorted((b.term, b.number) for b in blocks)
 
     # 期望的切法：每个词按 (影响力降序, doc 升序) 排好，每 BLOCK_SIZE 条一块
@@ -220,26 +225,26 @@ def check_blocks(p: Postings, blocks: list[Block]) -> None:
     assert {(b.term, b.number) for b in blocks} == set(expected)
 
     for block in blocks:
-        decoded = decode_blocks([(block.term, block.data)])
+        decoded = decode_blocks([(block.term, block.data)], doc_norm)
         docs, max_impact = expected[block.term, block.number]
         assert 1 <= block.count <= BLOCK_SIZE and block.count == len(decoded)
         assert decoded.docs.tolist() == sorted(docs)  # 块内按 doc 升序
         assert block.max_impact == max_impact == int(impacts(decoded.title_tf, decoded.body_tf, decoded.norms).max())
         # 数据格式：宽度是装得下最大差值的最小者，第一个 doc 是 uint32 小端；标题词频全 0、正文词频全 1 的块
-        # 省掉那一节并在块头记下，长度与 count、宽度、节数一致
+        # 省掉那一节并在块头记下；长度字节一律不在块里（0x10）；长度与 count、宽度、节数一致
         head, largest = block.data[0], int(np.diff(decoded.docs).max(initial=0))
         width, no_title, body_ones = head & 0x07, bool(head & 0x40), bool(head & 0x20)
-        assert head & ~0x67 == 0 and width == next(w for w in (1, 2, 4) if largest < 256**w)
+        assert head & ~0x77 == 0 and head & 0x10 and width == next(w for w in (1, 2, 4) if largest < 256**w)
         assert no_title == bool((decoded.title_tf == 0).all()) and body_ones == bool((decoded.body_tf == 1).all())
         assert int.from_bytes(block.data[1:5], "little") == decoded.docs[0]
-        assert len(block.data) == 5 + (block.count - 1) * width + (3 - no_title - body_ones) * block.count
+        assert len(block.data) == 5 + (block.count - 1) * width + (2 - no_title - body_ones) * block.count
 
     # 同一个词：块号 n 的每条倒排影响力都不低于块号 n+1 的任何一条
     for block, after in itertools.pairwise(blocks):
         if block.term == after.term:
             assert after.number == block.number + 1 and block.count == BLOCK_SIZE
-            lower = decode_blocks([(block.term, block.data)])
-            upper = decode_blocks([(after.term, after.data)])
+            lower = decode_blocks([(block.term, block.data)], doc_norm)
+            upper = decode_blocks([(after.term, after.data)], doc_norm)
             assert impacts(lower.title_tf, lower.body_tf, lower.norms).min() >= after.max_impact
             assert block.max_impact >= after.max_impact
             assert len(upper) == after.count
@@ -258,41 +263,55 @@ def test_long_term_spans_many_blocks_and_all_widths() -> None:
     medium = rng.permutation(300) * 1000  # 差值至少 1000、远不到 65536：2 字节
     docs = np.concatenate([dense, sparse, medium])
     terms = np.repeat([5, 9, 11], [1000, 256, 300])
-    p = Postings(terms, docs, rng.integers(0, 3, docs.size), rng.integers(0, 256, docs.size),
-                 norm_bytes(rng.integers(0, 3000, docs.size)))
+    p = Postings(terms, docs, rng.integers(0, 3, docs.size), rng.integers(0, 256, docs.size), doc_norm(docs))
     blocks = build_blocks(p)
     assert [b.number for b in blocks if b.term == 5] == list(range(8))
     assert {b.data[0] & 0x07 for b in blocks} == {1, 2, 4}
     check_blocks(p, blocks)
     # 块与块以任意顺序解码，得到同一个多重集
     shuffled = [(b.term, b.data) for b in reversed(blocks)]
-    assert canonical(decode_blocks(shuffled)).tolist() == canonical(p).tolist()
+    assert canonical(decode_blocks(shuffled, doc_norm)).tolist() == canonical(p).tolist()
 
 
 def test_block_edge_cases() -> None:
     assert build_blocks(Postings.empty()) == []
     assert len(decode_blocks([])) == 0
     top = 2**32 - 1
-    p = Postings(np.array([3, 3]), np.array([0, top]), np.array([0, 0]), np.array([1, 1]), np.array([0, 0]))
+    p = Postings(np.array([3, 3]), np.array([0, top]), np.array([0, 0]), np.array([1, 1]), doc_norm([0, top]))
     (block,) = build_blocks(p)
-    assert block.data[0] == 4 | 0x40 | 0x20 and decode_blocks([(3, block.data)]).docs.tolist() == [0, top]
+    assert block.data == b"\x74" + bytes(4) + top.to_bytes(4, "little")  # 只剩块头、第一个 doc 与差值
+    assert decode_blocks([(3, block.data)], doc_norm).docs.tolist() == [0, top]
 
 
-def test_blocks_written_before_the_section_flags_still_decode() -> None:
-    """2026-11-29 以前写的块：块头只有宽度，三节词频都在。新写法只省掉全 0 的标题、全 1 的正文两节，同样的倒排
-    两种字节解出来相同（落盘格式逐字节钉住）。"""
+def test_blocks_of_every_earlier_layout_still_decode() -> None:
+    """落盘格式逐字节钉住。2026-11-29 以前写的块：块头只有宽度，三节都在；2026-11-29 到 30 日写的：省掉全 0 的
+    标题、全 1 的正文两节，长度字节还在块里；现在的写法连长度字节也不带（0x10），解码按 doc 查段里的。
+    同样的倒排几种字节解出来相同，旧块不用给长度字节的查法，新旧块混在一起解也行。"""
+    norms = dense_norms(7, np.array([5, 0, 6], dtype=np.uint8))  # 序号 7、8、9
     p = Postings(np.array([1, 1]), np.array([7, 9]), np.array([0, 0]), np.array([1, 1]), np.array([5, 6]))
-    old = b"\x01" + (7).to_bytes(4, "little") + b"\x02" + b"\x00\x00" + b"\x01\x01" + b"\x05\x06"
+    oldest = b"\x01" + (7).to_bytes(4, "little") + b"\x02" + b"\x00\x00" + b"\x01\x01" + b"\x05\x06"
+    flagged = b"\x61" + (7).to_bytes(4, "little") + b"\x02" + b"\x05\x06"
     (block,) = build_blocks(p)
-    assert block.data == b"\x61" + (7).to_bytes(4, "little") + b"\x02" + b"\x05\x06"
-    assert canonical(decode_blocks([(1, old)])).tolist() == canonical(p).tolist()
-    assert canonical(decode_blocks([(1, old), (1, block.data)])).tolist() == canonical(Postings.concat([p, p])).tolist()
+    assert block.data == b"\x71" + (7).to_bytes(4, "little") + b"\x02"
+    for data in (oldest, flagged):
+        assert canonical(decode_blocks([(1, data)])).tolist() == canonical(p).tolist()
+    assert canonical(decode_blocks([(1, block.data)], norms)).tolist() == canonical(p).tolist()
+    mixed = decode_blocks([(1, oldest), (1, block.data), (1, flagged)], norms)
+    assert canonical(mixed).tolist() == canonical(Postings.concat([p, p, p])).tolist()
     # 只有标题一节省掉（正文词频有 2）、只有正文一节省掉（标题词频有 1）
     titled = Postings(np.array([1, 1]), np.array([7, 9]), np.array([0, 1]), np.array([1, 1]), np.array([5, 6]))
     repeated = Postings(np.array([1, 1]), np.array([7, 9]), np.array([0, 0]), np.array([2, 1]), np.array([5, 6]))
-    assert build_blocks(titled)[0].data[0] == 0x21 and build_blocks(repeated)[0].data[0] == 0x41
+    assert build_blocks(titled)[0].data[0] == 0x31 and build_blocks(repeated)[0].data[0] == 0x51
     for q in (titled, repeated):
-        assert canonical(decode_blocks([(1, build_blocks(q)[0].data)])).tolist() == canonical(q).tolist()
+        assert canonical(decode_blocks([(1, build_blocks(q)[0].data)], norms)).tolist() == canonical(q).tolist()
+
+
+def test_blocks_without_norms_need_the_segments_norms() -> None:
+    (block,) = build_blocks(Postings(np.array([1]), np.array([7]), np.array([0]), np.array([1]), np.array([5])))
+    with pytest.raises(ValueError, match="给出 norms"):
+        decode_blocks([(1, block.data)])
+    with pytest.raises(ValueError, match="序号范围"):  # 块里的 doc 不在给出的段里：不读到别处去
+        decode_blocks([(1, block.data)], dense_norms(8, np.array([5], dtype=np.uint8)))
 
 
 def test_duplicate_term_doc_raises() -> None:
@@ -319,15 +338,15 @@ def test_corrupt_block_data_raises(data: bytes) -> None:
 
 
 def test_joined_blocks_decode_like_separate_blocks_and_check_their_lengths() -> None:
-    p = Postings(np.array([3, 3, 5]), np.array([1, 9, 4]), np.array([0, 1, 2]), np.array([1, 2, 3]),
-                 np.array([7, 8, 9]))
+    docs = np.array([1, 9, 4])
+    p = Postings(np.array([3, 3, 5]), docs, np.array([0, 1, 2]), np.array([1, 2, 3]), doc_norm(docs))
     blocks = build_blocks(p)
     joined = b"".join(block.data for block in blocks)
     lengths = np.array([len(block.data) for block in blocks])
     terms = np.array([block.term for block in blocks])
-    assert canonical(decode_joined(joined, lengths, terms)).tolist() == canonical(p).tolist()
+    assert canonical(decode_joined(joined, lengths, terms, doc_norm)).tolist() == canonical(p).tolist()
     with pytest.raises(ValueError, match="块数据"):
-        decode_joined(joined + b"\x00", lengths, terms)
+        decode_joined(joined + b"\x00", lengths, terms, doc_norm)
 
 
 # ---- BM25 打分内核 ----

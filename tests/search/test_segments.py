@@ -8,6 +8,7 @@ import itertools
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
@@ -21,7 +22,8 @@ from knowledge.models import KnowledgeBase
 from ops.tasks import compact_fulltext, maintain_fulltext
 from raglib import analysis
 from raglib.bm25 import allot_postings, score_terms
-from raglib.lexicon import DictionaryBlock, Entry, unpack_dictionary_block
+from raglib.lexicon import DictionaryBlock, Entry, encode_dictionary, unpack_dictionary_block
+from raglib.postings import decode_blocks, dense_norms
 from search import bm25, segment_cache, segments
 from search.retrieval import fulltext_search
 from search.segment_cache import DICTIONARIES, SegmentDictionaries
@@ -347,6 +349,66 @@ def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: K
     assert segments.mismatches(in_l0.id) == []
     settings.FULLTEXT_MAX_SEGMENT_CHUNKS = 3  # 上限之内分几段：8 个分块 → 不再并（已是一个 8 块的段）
     assert segments.merge_all(in_l0.id).segments == 0
+
+
+def _with_norms_inside(data: bytes, norms: Any) -> bytes:
+    """一个倒排块改回 v7 以前的写法：长度字节一节接回块尾，块头去掉 0x10（块内按 doc 升序，与解码的顺序相同）。"""
+    return bytes([data[0] & ~0x10]) + data[1:] + decode_blocks([(0, data)], norms).norms.tobytes()
+
+
+def _rewrite_as_before_segment_norms(kb: KnowledgeBase, segment_ids: list[int]) -> None:
+    """把这几个段改写成 v7 以前的样子：块与内联倒排自带长度字节，段表的 norms 为 NULL。"""
+    with connection.cursor() as cursor:
+        for segment_id in segment_ids:
+            cursor.execute("SELECT first_ordinal, norms FROM fulltext_segments WHERE knowledge_base_id = %s"
+                           " AND segment_id = %s", [kb.id, segment_id])
+            first, data = cursor.fetchone()
+            norms = dense_norms(first, np.frombuffer(bytes(data), dtype=np.uint8))
+            cursor.execute("SELECT lexeme, block_no, data FROM fulltext_blocks WHERE knowledge_base_id = %s"
+                           " AND segment_id = %s", [kb.id, segment_id])
+            for lexeme, number, block in cursor.fetchall():
+                cursor.execute("UPDATE fulltext_blocks SET data = %s WHERE knowledge_base_id = %s AND segment_id = %s"
+                               " AND lexeme = %s AND block_no = %s",
+                               [_with_norms_inside(bytes(block), norms), kb.id, segment_id, lexeme, number])
+            cursor.execute("DELETE FROM fulltext_dictionary WHERE knowledge_base_id = %s AND segment_id = %s"
+                           " RETURNING data", [kb.id, segment_id])
+            entries = sorted((Entry(e.lexeme, e.df, None if e.inline is None else _with_norms_inside(e.inline, norms))
+                              for (data,) in cursor.fetchall() for e in DictionaryBlock(bytes(data)).entries()),
+                             key=lambda e: e.lexeme)
+            for first_lexeme, data in encode_dictionary(entries):
+                cursor.execute("INSERT INTO fulltext_dictionary (knowledge_base_id, segment_id, first_lexeme, data)"
+                               " VALUES (%s, %s, %s, %s)", [kb.id, segment_id, first_lexeme, data])
+            cursor.execute("UPDATE fulltext_segments SET norms = NULL WHERE knowledge_base_id = %s AND segment_id = %s",
+                           [kb.id, segment_id])
+    DICTIONARIES.clear()
+
+
+@pytest.mark.django_db
+def test_segments_written_before_per_chunk_norms_rank_the_same_and_merge_into_the_new_layout(
+        in_l0: KnowledgeBase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """v7 以前写的段（块自带长度字节、段没有 norms）照旧可读，与新写法的段混在一起也一样；并段按新写法重写。"""
+    monkeypatch.setattr(segments, "MERGE_FACTOR", 100)
+    segments.compact(in_l0.id, batch=2)
+    expected = _results(in_l0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT segment_id FROM fulltext_segments WHERE knowledge_base_id = %s ORDER BY first_ordinal",
+                       [in_l0.id])
+        ids = [int(row[0]) for row in cursor.fetchall()]
+    assert len(ids) >= 3
+    _rewrite_as_before_segment_norms(in_l0, ids[::2])  # 新旧相间：查询把几个段的长度字节拼在一起
+    assert _results(in_l0) == expected and segments.mismatches(in_l0.id) == []
+    _rewrite_as_before_segment_norms(in_l0, ids[1::2])
+    assert _results(in_l0) == expected and segments.mismatches(in_l0.id) == []
+    assert segments.merge_all(in_l0.id).merged == len(ids)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT length(norms), end_ordinal - first_ordinal FROM fulltext_segments"
+                       " WHERE knowledge_base_id = %s", [in_l0.id])
+        ((stored, span),) = cursor.fetchall()
+        assert stored == span > 0
+        cursor.execute("SELECT bool_and(get_byte(data, 0) & 16 = 16) FROM fulltext_blocks WHERE knowledge_base_id = %s",
+                       [in_l0.id])
+        assert cursor.fetchone()[0] in (True, None)
+    assert _results(in_l0) == expected and segments.mismatches(in_l0.id) == []
 
 
 @pytest.mark.django_db
@@ -738,3 +800,31 @@ def test_a_settled_knowledge_base_is_searched_in_one_statement_that_checks_its_s
     after = search("复查 病人")
     DICTIONARIES.clear()
     assert search("复查 病人") == after
+
+
+@pytest.mark.django_db
+def test_a_settled_search_that_needs_the_norms_of_a_merged_away_segment_is_redone_in_a_snapshot(
+        kb_factory: Any, settings: Any) -> None:
+    """记下的段表过时了（段已被并掉），而它的长度字节不在缓存里（被挤出，块与词条还在）：取不到长度字节，
+    这一遍作废、在快照里重查，结果与清空缓存时相同。"""
+    settings.FULLTEXT_L0_MAX_CHUNKS = 10_000
+    kb, document = _compacted_kb(kb_factory(), 40, every=4, spread=5)
+    query = analysis.parse_query("复查 病人", analyzer="bigram")
+
+    def search() -> list[tuple[int, float]]:
+        return [(hit.chunk_id, hit.value) for hit in fulltext_search(kb, query, SearchFilters(), limit=10).hits]
+
+    DICTIONARIES.clear()
+    search()
+    state = DICTIONARIES.settled(kb.id)
+    assert state is not None
+    DocumentChunk.objects.create(knowledge_base=kb, document=document, chunk_index=40, chunk_text="复查 病人",
+                                 search_vector="'复查':1 '病人':2", search_length=2)
+    segments.compact(kb.id)
+    assert segments.merge_all(kb.id).merged == 2
+    for _, generation in state.segments:
+        assert DICTIONARIES._blocks.pop((generation, 4), None) is not None  # 模拟被挤出缓存
+    got = search()
+    assert DICTIONARIES.settled(kb.id) != state
+    DICTIONARIES.clear()
+    assert got == search()

@@ -1,0 +1,11 @@
+-- 全文存储 v7（在 v6 之上，只写变更）：每个段按序号存一份分块的长度字节（norms）。
+--
+-- 以前每条倒排都带一个长度字节（Lucene SmallFloat 量化的分块词数），同一个分块在它的每条倒排里重复同一个值：
+-- 10 万块的库里一个分块约 150 条倒排在块里，长度字节占块数据的约三成。从这一版起新写的块不带这一节（块头 0x10，
+-- 见 raglib/postings.py），段在这里存 [first_ordinal, end_ordinal) 每个序号一个字节（没有倒排的序号记 0，不会被打分）；
+-- 查询与并段解码时按序号查回来（检索进程按段的代号缓存，search/segment_cache.py）。
+-- 以前写的段这一列是 NULL：它们的块自带长度字节，照旧读；下一次并段按新写法重写。
+--
+-- 本文件已随迁移 search.0015_fulltext_segment_norms 发布，迁移里记着它的 SHA-256，不要再改：
+-- 存储的下一次变更写成 fulltext_storage.v8.sql，由一个新迁移应用（见 search/fulltext.py）。
+ALTER TABLE fulltext_segments ADD COLUMN norms bytea;
