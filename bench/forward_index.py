@@ -9,6 +9,8 @@
 
 - **tsvector 列**：现在存的（规范文本，pglz 压缩后）``pg_column_size``，以及文本本身的字节数；
 - **文本正排**：每个词位一行 ``词位\\t标题词频\\t正文词频``，zlib 压缩（合并时可以原样搬进段，不依赖词典）；
+- **列式文本正排**：词位按字节序以换行相接（UTF-8 或 GB18030：常用汉字 2 字节而不是 3），后接正文词频、标题词频各一节
+  （一字节一个，截到 255），整个 zlib -9。也不依赖词典，比一行一个词位少存分隔与数字的十进制写法；
 - **词号正排**：词位换成它在按字节序排好的词表里的下标（一个段的词典本来就按这个顺序存词位，下标就是段内词号，
   不用另建词表），升序差分、LEB128 变长整数，正文词频一字节一个，标题词频只记非零的（个数，再逐个“第几个词、词频”）；
   列出未压缩与 zlib 压缩两种。词表按被量的这批分块建：只量一部分（``--sample``）时词表比真实的段小、差分也小，
@@ -77,6 +79,23 @@ def decode_text_forward(data: bytes) -> dict[str, tuple[int, int]]:
     return out
 
 
+def column_forward(terms: Terms, encoding: str) -> bytes:
+    """列式文本正排：词位（``encoding`` 编码，换行相接）、\\0、正文词频一节、标题词频一节，zlib -9。"""
+    names = "\n".join(lexeme for lexeme, _, _ in terms).encode(encoding)
+    bodies = bytes(min(body, 255) for _, _, body in terms)
+    titles = bytes(min(title, 255) for _, title, _ in terms)
+    return zlib.compress(names + b"\0" + bodies + titles, 9)
+
+
+def decode_column_forward(data: bytes, encoding: str) -> dict[str, tuple[int, int]]:
+    raw = zlib.decompress(data)
+    cut = raw.index(b"\0")  # UTF-8 与 GB18030 里只有 U+0000 编出零字节，词位里没有它
+    names = raw[:cut].decode(encoding).split("\n") if cut else []
+    bodies = raw[cut + 1:cut + 1 + len(names)]
+    titles = raw[cut + 1 + len(names):]
+    return {lexeme: (titles[i], bodies[i]) for i, lexeme in enumerate(names)}
+
+
 def _varint(value: int, out: bytearray) -> None:
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -138,9 +157,9 @@ def _per_call_us(function: Callable[[Any], object], items: Sequence[Any]) -> flo
     return (time.perf_counter() - started) / max(len(items), 1) * 1e6
 
 
-# 全文引擎里带 knowledge_base_id 的表（统计行与段表只有几行，不计）
+# 全文引擎里带 knowledge_base_id 的表（统计行只有一行，不计；段表每个分块一个长度字节，v7 起要计）
 _ENGINE_TABLES = ("fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_deleted_terms", "fulltext_dictionary",
-                  "fulltext_blocks", "fulltext_prefixes")
+                  "fulltext_blocks", "fulltext_prefixes", "fulltext_segments")
 
 
 def engine_live_bytes(kb: str) -> int:
@@ -168,6 +187,7 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
     vocabulary = {lexeme: i for i, lexeme in enumerate(sorted({t[0] for terms in parsed for t in terms},
                                                              key=lambda s: s.encode()))}
     texts = [text_forward(terms) for terms in parsed]
+    columns = {encoding: [column_forward(terms, encoding) for terms in parsed] for encoding in ("utf-8", "gb18030")}
     raw = [id_forward([vocabulary[t[0]] for t in terms], [t[1] for t in terms], [t[2] for t in terms])
            for terms in parsed]
     packed = [zlib.compress(data, _ZLIB_LEVEL) for data in raw]
@@ -175,6 +195,9 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
     lexemes = sorted(vocabulary, key=vocabulary.__getitem__)
     for terms, text, data in zip(parsed[:200], texts, raw, strict=False):
         assert decode_text_forward(text) == {t[0]: (t[1], t[2]) for t in terms}
+        for encoding in columns:
+            assert decode_column_forward(column_forward(terms, encoding), encoding) == \
+                {t[0]: (min(t[1], 255), min(t[2], 255)) for t in terms}
         ids, titles, bodies = decode_id_forward(data)
         assert [(lexemes[i], t, b) for i, t, b in zip(ids, titles, bodies, strict=True)] == \
             [(lexeme, title, min(body, 255)) for lexeme, title, body in terms]
@@ -191,6 +214,10 @@ def measure(kb: str, sample: int | None) -> dict[str, float]:
         "tsvector_stored": sum(size for _, size, _ in rows) / count,
         "tsvector_text": sum(len(vector.encode()) for vector, _, _ in rows) / count,
         "text_forward_zlib": sum(map(len, texts)) / count,
+        "column_utf8_zlib": sum(map(len, columns["utf-8"])) / count,
+        "column_gb18030_zlib": sum(map(len, columns["gb18030"])) / count,
+        "decode_column_us": _per_call_us(lambda data: decode_column_forward(data, "gb18030"),
+                                         columns["gb18030"][:2000]),
         "id_forward_raw": sum(map(len, raw)) / count,
         "id_forward_zlib": sum(map(len, packed)) / count,
         "engine_live": engine,
@@ -285,16 +312,19 @@ def main() -> None:
             print(f"{kb}：插入每块 ms（三轮）" + "；".join(
                 f"{way} {' / '.join(f'{v:.3f}' for v in values)}" for way, values in costs.items()), flush=True)
         return
-    print("| 知识库 | 分块 | 每块词位 | tsvector 存的 / 文本 B | 文本正排 zlib B | 词号正排 未压缩 / zlib B | "
-          "解码 µs（文本 / 词号 / 词号 zlib） | 重新切词 µs 均值 / p95 | 引擎存活的行 B | 引擎 + 词号正排 zlib B |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| 知识库 | 分块 | 每块词位 | tsvector 存的 / 文本 B | 文本正排 zlib B | 列式文本正排 UTF-8 / GB18030 B | "
+          "词号正排 未压缩 / zlib B | 解码 µs（文本 / 列式 GB18030 / 词号 / 词号 zlib） | 重新切词 µs 均值 / p95 | "
+          "引擎存活的行 B | 引擎 + 列式 GB18030 / + 词号正排 zlib B |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kb in args.kb:
         m = measure(kb, args.sample)
         print(f"| {kb} | {m['chunks']:,.0f} | {m['terms_per_chunk']:.0f} | {m['tsvector_stored']:,.0f} / "
-              f"{m['tsvector_text']:,.0f} | {m['text_forward_zlib']:,.0f} | {m['id_forward_raw']:,.0f} / "
-              f"{m['id_forward_zlib']:,.0f} | {m['decode_text_us']:.0f} / {m['decode_id_raw_us']:.0f} / "
+              f"{m['tsvector_text']:,.0f} | {m['text_forward_zlib']:,.0f} | {m['column_utf8_zlib']:,.0f} / "
+              f"{m['column_gb18030_zlib']:,.0f} | {m['id_forward_raw']:,.0f} / {m['id_forward_zlib']:,.0f} | "
+              f"{m['decode_text_us']:.0f} / {m['decode_column_us']:.0f} / {m['decode_id_raw_us']:.0f} / "
               f"{m['decode_id_zlib_us']:.0f} | {m['reanalyze_us']:.0f} / {m['reanalyze_p95_us']:.0f} | "
-              f"{m['engine_live']:,.0f} | {m['engine_live'] + m['id_forward_zlib']:,.0f} |", flush=True)
+              f"{m['engine_live']:,.0f} | {m['engine_live'] + m['column_gb18030_zlib']:,.0f} / "
+              f"{m['engine_live'] + m['id_forward_zlib']:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
   互不等待；一个分块一行（外加 GIN 的一次插入），而不是 v1 的两百多次随机 B 树插入。
 - **合并成段**（:mod:`search.segments`，后台任务）：L0 的一批分块按顺序得到稠密的 int4 序号，编成一个不可变的段——
   按词位排序的词典块（约 64 个词一行，罕见词的倒排内联，zlib 压缩后存，:mod:`raglib.lexicon`）与常见词的倒排块
-  （≤128 条一行，序号差分编码，词频与长度各压成一个字节，块号 0 是影响力最高的一段，:mod:`raglib.postings`）。
+  （≤128 条一行，序号差分编码，词频压成一个字节，块号 0 是影响力最高的一段，:mod:`raglib.postings`）；分块长度
+  量化成一个字节，由段按序号存一份（``fulltext_segments.norms``），不在每条倒排里重复。
   相邻的同层段并成大段，并段时清掉删除集里的分块。
 - **统计不单独维护**：N、平均长度、df 都是“段里的 + L0 的 - 删除集的”，在查询的同一个 REPEATABLE READ 快照里读出，
   永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
@@ -36,7 +37,8 @@
                                       ``fulltext_kb_stats`` 是 Django 模型，见 ``search.models``）；v1 的倒排表
                                       由 v2 删掉；v3 加每个段按首字汇总的 df（前缀词的 df 不必读遍词典块）；
                                       v4 给 L0 与序号表加上分块所属的文档（回表检查不读分块行）；
-                                      v5 给每个段一个全局唯一的代号（检索进程按它缓存词典块）
+                                      v5 给每个段一个全局唯一的代号（检索进程按它缓存词典块）；
+                                      v6 记下段的写出时间；v7 给段按序号存分块的长度字节
 ``fulltext_chunk_terms.vN.sql``       ``fulltext_chunk_terms()``：tsvector → 词位与标题/正文词频数组
                                       （写 L0、回填、重建共用）
 ``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数（写 L0、记删除集）
@@ -59,7 +61,7 @@
   v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用，存储 v4 与触发器函数 v3（记下文档）由
   ``search.0010_fulltext_document_ids`` 应用，存储 v5（段的代号）由 ``search.0011_fulltext_segment_generation`` 应用，
   存储 v6（段的写出时间）由 ``search.0012`` 应用，触发器函数 v4（读分块的词位时转成 tsvector）由
-  ``search.0013_fulltext_terms_as_text`` 应用。
+  ``search.0013_fulltext_terms_as_text`` 应用，存储 v7（段按序号存长度字节）由 ``search.0015`` 应用。
 
 查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。
