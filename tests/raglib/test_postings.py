@@ -230,14 +230,21 @@ def check_blocks(p: Postings, blocks: list[Block]) -> None:
         assert 1 <= block.count <= BLOCK_SIZE and block.count == len(decoded)
         assert decoded.docs.tolist() == sorted(docs)  # 块内按 doc 升序
         assert block.max_impact == max_impact == int(impacts(decoded.title_tf, decoded.body_tf, decoded.norms).max())
-        # 数据格式：宽度是装得下最大差值的最小者，第一个 doc 是 uint32 小端；标题词频全 0、正文词频全 1 的块
-        # 省掉那一节并在块头记下；长度字节一律不在块里（0x10）；长度与 count、宽度、节数一致
+        # 数据格式：第一个 doc 是 uint32 小端；差值按字节（宽度是装得下最大差值的最小者）或按位打包（位数同理，
+        # 块头 0x80，条数 - 1 与位数各一字节），哪个连块头算更小用哪个；标题词频全 0、正文词频全 1 的块省掉那一节
+        # 并在块头记下；长度字节一律不在块里（0x10）；长度与条数、宽度、节数一致
         head, largest = block.data[0], int(np.diff(decoded.docs).max(initial=0))
-        width, no_title, body_ones = head & 0x07, bool(head & 0x40), bool(head & 0x20)
-        assert head & ~0x77 == 0 and head & 0x10 and width == next(w for w in (1, 2, 4) if largest < 256**w)
+        no_title, body_ones = bool(head & 0x40), bool(head & 0x20)
+        width, bits = next(w for w in (1, 2, 4) if largest < 256**w), largest.bit_length()
+        by_bytes, by_bits = (block.count - 1) * width, 2 + math.ceil((block.count - 1) * bits / 8)
+        assert head & ~0xF7 == 0 and head & 0x10
         assert no_title == bool((decoded.title_tf == 0).all()) and body_ones == bool((decoded.body_tf == 1).all())
         assert int.from_bytes(block.data[1:5], "little") == decoded.docs[0]
-        assert len(block.data) == 5 + (block.count - 1) * width + (2 - no_title - body_ones) * block.count
+        if head & 0x80:
+            assert head & 0x07 == 0 and by_bits < by_bytes and list(block.data[5:7]) == [block.count - 1, bits]
+        else:
+            assert head & 0x07 == width and by_bits >= by_bytes
+        assert len(block.data) == 5 + min(by_bytes, by_bits) + (2 - no_title - body_ones) * block.count
 
     # 同一个词：块号 n 的每条倒排影响力都不低于块号 n+1 的任何一条
     for block, after in itertools.pairwise(blocks):
@@ -256,17 +263,23 @@ def test_blocks_round_trip_and_are_cut_by_impact(p: Postings) -> None:
     check_blocks(p, build_blocks(p))
 
 
-def test_long_term_spans_many_blocks_and_all_widths() -> None:
+def test_long_term_spans_many_blocks_and_every_delta_layout() -> None:
     rng = np.random.default_rng(7)
-    dense = rng.permutation(1000)  # 1000 个连续 doc：每块 128 条散在其中，差值 1 字节
-    sparse = rng.permutation(256) * 2**24  # 差值至少 2^24：4 字节，最大的 doc 贴近 2^32
-    medium = rng.permutation(300) * 1000  # 差值至少 1000、远不到 65536：2 字节
-    docs = np.concatenate([dense, sparse, medium])
-    terms = np.repeat([5, 9, 11], [1000, 256, 300])
+    dense = rng.permutation(1000)  # 1000 个连续 doc：每块 128 条散在其中，差值几位，按位打包
+    sparse = rng.permutation(256) * 2**24  # 差值至少 2^24、最大的 doc 贴近 2^32：按 25~32 位打包
+    # 一块装得下的词，差值整齐：正好 8 位（按位打包省不下块头的两字节，按 1 字节）、正好 16 位（2 字节）；
+    # 两条倒排差 2^32 - 1（4 字节）
+    ones, twos, fours = np.arange(100) * 200, np.arange(100) * 40_000, np.array([0, 2**32 - 1])
+    docs = np.concatenate([dense, sparse, ones, twos, fours])
+    terms = np.repeat([5, 7, 9, 11, 13], [1000, 256, 100, 100, 2])
     p = Postings(terms, docs, rng.integers(0, 3, docs.size), rng.integers(0, 256, docs.size), doc_norm(docs))
     blocks = build_blocks(p)
     assert [b.number for b in blocks if b.term == 5] == list(range(8))
-    assert {b.data[0] & 0x07 for b in blocks} == {1, 2, 4}
+    layouts: dict[int, set[int]] = defaultdict(set)
+    for block in blocks:
+        layouts[block.term].add(block.data[0] & 0x87)
+    assert layouts == {5: {0x80}, 7: {0x80}, 9: {1}, 11: {2}, 13: {4}}
+    assert max(b.data[6] for b in blocks if b.term == 7) > 24
     check_blocks(p, blocks)
     # 块与块以任意顺序解码，得到同一个多重集
     shuffled = [(b.term, b.data) for b in reversed(blocks)]
@@ -304,6 +317,12 @@ def test_blocks_of_every_earlier_layout_still_decode() -> None:
     assert build_blocks(titled)[0].data[0] == 0x31 and build_blocks(repeated)[0].data[0] == 0x51
     for q in (titled, repeated):
         assert canonical(decode_blocks([(1, build_blocks(q)[0].data)], norms)).tolist() == canonical(q).tolist()
+    # 差值按位打包（0x80）：9 条连续的 doc，8 个差值各 1 位；块头之后是条数 - 1、位数，再是打包的差值
+    run = Postings(np.full(9, 1), np.arange(9), np.zeros(9, np.uint8), np.ones(9, np.uint8), np.zeros(9, np.uint8))
+    (block,) = build_blocks(run)
+    assert block.data == b"\xf0" + bytes(4) + b"\x08\x01\xff"
+    assert canonical(decode_blocks([(1, block.data)], dense_norms(0, np.zeros(9, np.uint8)))).tolist() == \
+        canonical(run).tolist()
 
 
 def test_blocks_without_norms_need_the_segments_norms() -> None:
@@ -331,7 +350,9 @@ def test_out_of_range_docs_raise(doc: int) -> None:
 
 
 @pytest.mark.parametrize("data", [b"\x01\x00\x00", b"\x03" + bytes(7), b"\x01" + bytes(8), b"\x81" + bytes(7),
-                                  b"\x61" + bytes(4)])
+                                  b"\x61" + bytes(4), b"\xf0" + bytes(4) + b"\x08\x00\xff",
+                                  b"\xf0" + bytes(4) + b"\x08\x21" + bytes(33), b"\xf0" + bytes(4) + b"\x08\x01",
+                                  b"\xf1" + bytes(4) + b"\x08\x01\xff", b"\x08" + bytes(7)])
 def test_corrupt_block_data_raises(data: bytes) -> None:
     with pytest.raises(ValueError, match="块数据"):
         decode_blocks([(1, data)])

@@ -352,8 +352,14 @@ def test_merge_all_folds_small_segments_into_one_with_identical_results(in_l0: K
 
 
 def _with_norms_inside(data: bytes, norms: Any) -> bytes:
-    """一个倒排块改回 v7 以前的写法：长度字节一节接回块尾，块头去掉 0x10（块内按 doc 升序，与解码的顺序相同）。"""
-    return bytes([data[0] & ~0x10]) + data[1:] + decode_blocks([(0, data)], norms).norms.tobytes()
+    """一个倒排块改回 v7 以前（2026-11-29）的写法：差值按字节，省掉的词频节照旧省，长度字节一节在块尾。"""
+    p = decode_blocks([(0, data)], norms)
+    deltas = np.diff(p.docs).tolist()
+    width = next(w for w in (1, 2, 4) if max(deltas, default=0) < 256**w)
+    head = width | (data[0] & 0x60)
+    out = bytes([head]) + int(p.docs[0]).to_bytes(4, "little") + b"".join(d.to_bytes(width, "little") for d in deltas)
+    out += (b"" if head & 0x40 else p.title_tf.tobytes()) + (b"" if head & 0x20 else p.body_tf.tobytes())
+    return out + p.norms.tobytes()
 
 
 def _rewrite_as_before_segment_norms(kb: KnowledgeBase, segment_ids: list[int]) -> None:
