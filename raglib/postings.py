@@ -404,8 +404,7 @@ def decode_joined(joined: bytes, lengths: np.ndarray, terms: np.ndarray, norms: 
     starts = np.cumsum(counts) - counts
     index = np.arange(total)
     if packed.any():
-        deltas = _bit_deltas(buf, offsets, counts, starts, index, np.where(packed, bits, 8 * width),
-                             _HEADER + _PACKED_EXTRA * packed)
+        deltas = _bit_deltas(buf, offsets, counts, starts, index, np.where(packed, bits, 8 * width), header)
     else:
         # 每条倒排的差值：从它的偏移读 4 字节再按宽度掩掉多读的部分；块首没有差值（读到的是块头），记 0
         delta_at = np.repeat(offsets + _HEADER - (starts + 1) * width, counts) + index * np.repeat(width, counts)

@@ -34,7 +34,7 @@ from django.db import OperationalError, connection, transaction
 
 from infra.locks import advisory_lock
 from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, prefix_dfs, read_segment
-from raglib.postings import TF_MAX, Postings, capped_tf, dense_norms, norm_bytes
+from raglib.postings import TF_MAX, NormLookup, Postings, capped_tf, dense_norms, norm_bytes
 
 # 相邻的这么多个同层段并成一个
 MERGE_FACTOR = 8
@@ -380,8 +380,9 @@ def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_
     # 新段的长度字节从各片读到的倒排里收齐（每个留下的、有词的分块都有倒排落在某一片里）：旧段是按序号存的
     # 还是块里自带的（v7 以前写的段）都一样
     norms = np.zeros(end - first, dtype=np.uint8)
+    segment_norms = _segment_norms(cursor, kb_id, ids)
     for low, high in _slices(cursor, kb_id, segments):
-        lexemes, postings = _read_segments(cursor, kb_id, ids, low, high)
+        lexemes, postings = _read_segments(cursor, kb_id, ids, segment_norms, low, high)
         postings = postings.without_docs(gone)
         norms[postings.docs - first] = postings.norms
         rows = build_segment(lexemes, postings)
@@ -434,15 +435,20 @@ def _slices(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment]) -> list
     return list(itertools.pairwise(bounds))
 
 
-def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int], low: str | None = None,
-                   high: str | None = None) -> tuple[list[str], Postings]:
-    """几个段里词位在 [low, high) 的倒排（不给就是全部），词位统一成一张表（下标即 ``Postings.terms``）。
-
-    词典块取与这一段范围有交集的：首词小于 high，且不早于首词 ≤ low 的最后一块（low 所在的那块）。"""
+def _segment_norms(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int]) -> dict[int, NormLookup | None]:
+    """几个段按序号存的长度字节（v7 以前写的段为 None：块里自带）。并段按词位分片读，每片都要它们：先读一次。"""
     cursor.execute("SELECT segment_id, first_ordinal, norms FROM fulltext_segments WHERE knowledge_base_id = %s"
                    " AND segment_id = ANY(%s)", [kb_id, list(ids)])
-    norms = {int(segment_id): None if data is None else dense_norms(int(first), np.frombuffer(data, dtype=np.uint8))
-             for segment_id, first, data in cursor.fetchall()}
+    return {int(segment_id): None if data is None else dense_norms(int(first), np.frombuffer(data, dtype=np.uint8))
+            for segment_id, first, data in cursor.fetchall()}
+
+
+def _read_segments(cursor: Any, kb_id: uuid.UUID, ids: Sequence[int], norms: dict[int, NormLookup | None],
+                   low: str | None = None, high: str | None = None) -> tuple[list[str], Postings]:
+    """几个段里词位在 [low, high) 的倒排（不给就是全部），词位统一成一张表（下标即 ``Postings.terms``）。
+    ``norms`` 是这几个段的长度字节（:func:`_segment_norms`）。
+
+    词典块取与这一段范围有交集的：首词小于 high，且不早于首词 ≤ low 的最后一块（low 所在的那块）。"""
     parts: list[tuple[list[str], Postings]] = []
     for segment_id in ids:
         cursor.execute(_SLICE_DICTIONARY_SQL, [kb_id, segment_id, kb_id, segment_id, low, high, high])
@@ -699,7 +705,8 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
         problems += [f"chunk {chunk_id} indexed under another document" for (chunk_id,) in cursor.fetchall()]
         cursor.execute("SELECT ordinal, length, lexemes FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
         deleted = cursor.fetchall()
-        lexemes, postings = _read_segments(cursor, kb_id, [s.segment_id for s in _segments(cursor, kb_id)])
+        ids = [s.segment_id for s in _segments(cursor, kb_id)]
+        lexemes, postings = _read_segments(cursor, kb_id, ids, _segment_norms(cursor, kb_id, ids))
         dictionary_dfs = _dictionary_dfs(cursor, kb_id)
         cursor.execute("SELECT prefix, sum(df) FROM fulltext_prefixes WHERE knowledge_base_id = %s GROUP BY prefix",
                        [kb_id])

@@ -437,7 +437,8 @@ def _segment_content(kb: KnowledgeBase) -> tuple[list[str], list[tuple[int, ...]
     with connection.cursor() as cursor:
         cursor.execute("SELECT segment_id FROM fulltext_segments WHERE knowledge_base_id = %s", [kb.id])
         (segment_id,) = [row[0] for row in cursor.fetchall()]
-        lexemes, postings = segments._read_segments(cursor, kb.id, [segment_id])
+        lexemes, postings = segments._read_segments(cursor, kb.id, [segment_id],
+                                                    segments._segment_norms(cursor, kb.id, [segment_id]))
         cursor.execute("SELECT prefix, df FROM fulltext_prefixes WHERE knowledge_base_id = %s ORDER BY prefix",
                        [kb.id])
         prefixes = [(prefix, int(df)) for prefix, df in cursor.fetchall()]
