@@ -22,8 +22,9 @@
    （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、重建停在
    高峰的索引（``shrink_indexes``；旧代码树上是只管 L0 的 ``shrink_l0``），计时；大小与查询量的是维护之后的样子。
 3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``）与其中存活的行数据之和，
-   另列 tsvector 列（``sum(pg_column_size(search_vector))``）与它的 GIN 索引（``documents.0011`` 删掉了它，
-   旧代码树上才有）；都除以分块数。
+   另列 tsvector 列（``sum(pg_column_size(search_vector))``；``search.0016`` 起它是过渡列，存下来是 NULL，
+   分块的正排在序号表里、已计入引擎的表）与它的 GIN 索引（``documents.0011`` 删掉了它，旧代码树上才有）；
+   都除以分块数。
 4. 查询：``fulltext_search``（BM25，limit 10，含 ``parse_query``）先预热 20 个，``gc.freeze()``（与服务进程相同），
    再计时 ``--queries`` 个；然后同一批再计时一遍（“热”：查询词的词典条目都已在段词典缓存里，跑久了的服务进程的上限）。
 5. Lucene：同一批文本与查询交给另一个装了 pyserini 的解释器（``--lucene-python``；pyserini 要 Java 21 与它自己的

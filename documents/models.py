@@ -169,16 +169,13 @@ class DocumentChunk(models.Model):
     token_count = models.PositiveIntegerField("token 数", default=0)
     # 文本的 SHA-256：重新索引时文本未变的分块直接复用旧向量
     text_hash = models.CharField("文本摘要", max_length=64, blank=True, default="")
-    # 由 raglib.analysis.document_tsvector 在 Python 侧生成（jieba 切词、繁转简、英文词干），与数据库 locale 无关。
-    # 它是分块的正向索引：触发器由它写 L0，短语/布尔/exact 查询与补分数逐行读它。没有 GIN 索引：BM25 从段与 L0
-    # 找候选，不按 tsquery 扫全库；GIN 在 10 万块时每块占约 2 KB、每写一块多花约 1 ms，却没有查询用得上。
-    # 存的是 tsvector 的规范文本形式（词位按字节序，与 ``::text`` 的输出相同），读的地方写 ``search_vector::tsvector``：
-    # 二进制的 tsvector 开头是词位偏移表，PostgreSQL 的 pglz 在前 1 KB 找不到重复就放弃，一字节也压不掉；文本形式里
-    # 排好序的词位共享前缀、位置串反复出现，pglz 压掉约三成（开发集的长分块每块约 1.3 KB，documents.0013；
-    # 见 docs/INVARIANTS.md 的 CHUNK-TERMS-CANONICAL）
-    # NULL 是“还没切词”（bench 只装向量时、回填迁移之前），与空串（切过、没有词，照样计入分块数）不同
+    # 过渡列：写入分块的语句（摄取的 COPY、重新索引的 UPDATE）带上 raglib.analysis.document_terms 在 Python 侧生成的
+    # tsvector 文本（jieba / 字 bigram 切词、繁转简、英文词干，与数据库 locale 无关），BEFORE ROW 触发器把它登记进全文
+    # 引擎（L0 的一行，合并后是序号表里的正排，search/sql/fulltext_stats_maintain.v6.sql），再置 NULL 存下去：读分块行时
+    # 它总是 NULL。以前它留在行里当分块的正排（10 万块的库每块 2.1 KB，全文数据里最大的一项）；现在要位置时对原文重新
+    # 切词（search.chunk_terms）。见 docs/INVARIANTS.md 的 CHUNK-TERMS-IN-ENGINE
     search_vector = models.TextField("全文索引（tsvector 文本）", null=True, blank=True)  # noqa: DJ001
-    # search_vector 里的词数（标题 + 正文）：BM25 的文档长度；知识库级统计由数据库触发器维护（见 search.bm25）
+    # 分块的词数（标题 + 正文）：BM25 的文档长度，与登记进引擎的长度相同；知识库级统计由引擎维护（见 search.bm25）
     search_length = models.PositiveIntegerField("全文词数", db_default=0)
     # 分块是否进按维度的共享 HNSW 索引（它的部分条件）。知识库有了自己的可用索引（search.ann）之后写进来的分块为假：
     # 它们只进自己那张图。否则每块要插两张图，10 万块的库有自己的索引时写入只有没有它时的三分之一（bench/README.md）。

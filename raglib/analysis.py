@@ -40,7 +40,6 @@ __all__ = [
     "chunk_titles",
     "document_terms",
     "document_tsvector",
-    "lexeme_counts",
     "normalize",
     "parse_query",
     "quote_lexeme",
@@ -437,60 +436,6 @@ def document_terms(body: str, titles: Sequence[str] = (), *, analyzer: Analyzer 
 def document_tsvector(body: str, titles: Sequence[str] = (), *, analyzer: Analyzer | str) -> str:
     """:func:`document_terms` 的 tsvector 部分。"""
     return document_terms(body, titles, analyzer=analyzer)[0]
-
-
-def lexeme_counts(vector: str, lexemes: Iterable[str], prefixes: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
-    """从 tsvector 的规范文本（``::tsvector::text`` 的输出，分块存的就是它）里取出几个词位的（标题，正文）出现次数。
-
-    ``lexemes`` 按整词找，``prefixes`` 取以它开头的全部词位；不在分块里的不出现在结果里。标题是权重 A 的位置，
-    其余是正文——与触发器写 L0 的 ``fulltext_chunk_terms`` 同一个口径。给名单外的候选补 BM25 分（search.bm25）只要
-    查询词那几项：在 PostgreSQL 里把整个 tsvector 展开成几百行再筛，50 个长分块约 3 ms，这里按字符串查找约 1 ms。
-
-    规范文本里词位按字节序排好、用单引号包着（内部的单引号加倍、反斜杠加倍），条目之间一个空格，位置串
-    （``1A,5B``）里没有空格；所以条目只从开头或空格后的单引号开始，以同一个前缀开头的词位连在一起。
-    """
-    counts: dict[str, tuple[int, int]] = {}
-    for lexeme in lexemes:
-        needle = quote_lexeme(lexeme) + ":"
-        start = _entry_start(vector, needle)
-        if start >= 0:
-            counts[lexeme] = _weight_counts(vector, start + len(needle))
-    for prefix in prefixes:
-        head = quote_lexeme(prefix)[:-1]
-        start = _entry_start(vector, head)
-        while start >= 0 and vector.startswith(head, start):
-            close = _closing_quote(vector, start)
-            lexeme = vector[start + 1:close].replace("''", "'").replace("\\\\", "\\")
-            counts[lexeme] = _weight_counts(vector, close + 2)
-            end = vector.find(" ", close)
-            start = end + 1 if end >= 0 else -1
-    return counts
-
-
-def _entry_start(vector: str, needle: str) -> int:
-    """``needle``（以单引号开头）作为一个条目的开头第一次出现的位置；没有时 -1。"""
-    at = vector.find(needle)
-    while at > 0 and vector[at - 1] != " ":
-        at = vector.find(needle, at + 1)
-    return at
-
-
-def _closing_quote(vector: str, start: int) -> int:
-    """从 ``start`` 处的开引号起，词位的闭引号的位置（跳过加倍的单引号）。"""
-    at = start + 1
-    while True:
-        close = vector.index("'", at)
-        if not vector.startswith("''", close):
-            return close
-        at = close + 2
-
-
-def _weight_counts(vector: str, start: int) -> tuple[int, int]:
-    """``start`` 起的位置串（到下一个空格为止）里（权重 A 的个数，其余的个数）。"""
-    end = vector.find(" ", start)
-    positions = vector[start:end if end >= 0 else len(vector)]
-    title = positions.count("A")
-    return title, positions.count(",") + 1 - title
 
 
 def chunk_titles(filename: str, title: object = None, heading_path: Iterable[object] = ()) -> list[str]:

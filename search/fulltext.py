@@ -7,21 +7,23 @@
 
 ## 存储与排序（v2）
 
-- **写入只追加**：``document_chunks`` 上的触发器给每个新分块在 ``fulltext_l0`` 里追加一行（词位数组与标题、正文词频）；
-  删掉的分块若还在 L0 就删那一行，已合并的记进 ``fulltext_deleted``。写入不更新任何共享的行，同一知识库的并发写入
-  互不等待；一个分块一行（外加 GIN 的一次插入），而不是 v1 的两百多次随机 B 树插入。
+- **写入只追加**：写入分块的语句带上 tsvector 文本（``search_vector``，过渡列），``document_chunks`` 上的 BEFORE ROW
+  触发器给每个新分块在 ``fulltext_l0`` 里追加一行（词位数组与标题、正文词频），再把这一列置 NULL 存下去——分块行里
+  不留 tsvector（以前它每块 2.1 KB，是全文数据里最大的一项）。删掉的分块若还在 L0 就删那一行，已合并的连正排记进
+  ``fulltext_deleted``。写入不更新任何共享的行，同一知识库的并发写入互不等待；一个分块一行（外加 GIN 的一次插入），
+  而不是 v1 的两百多次随机 B 树插入。
 - **合并成段**（:mod:`search.segments`，后台任务）：L0 的一批分块按顺序得到稠密的 int4 序号，编成一个不可变的段——
   按词位排序的词典块（约 64 个词一行，罕见词的倒排内联，zlib 压缩后存，:mod:`raglib.lexicon`）与常见词的倒排块
   （≤128 条一行，序号差分编码，词频压成一个字节，块号 0 是影响力最高的一段，:mod:`raglib.postings`）；分块长度
-  量化成一个字节，由段按序号存一份（``fulltext_segments.norms``），不在每条倒排里重复。
-  相邻的同层段并成大段，并段时清掉删除集里的分块。
+  量化成一个字节，由段按序号存一份（``fulltext_segments.norms``），不在每条倒排里重复。每个分块的正排（词位与
+  标题 / 正文词频，不带位置，zlib，:mod:`raglib.forward`，约 0.8 KB）随序号表的行写一次：补分数、删除集修正 df、
+  核对都读它。相邻的同层段并成大段，并段时清掉删除集里的分块。
 - **统计不单独维护**：N、平均长度、df 都是“段里的 + L0 的 - 删除集的”，在查询的同一个 REPEATABLE READ 快照里读出，
   永远与分块一致（docs/INVARIANTS.md 的 BM25-STATS-EXACT）。
 - **打分在服务里**（:mod:`search.bm25`）：取查询词的词典条目与额度内的倒排块，numpy 解码、打分、去掉删除集，前若干名
   换成分块 id 再回表检查范围（没有过滤条件的普通查询只查序号表与 L0 里记着的文档，不读分块行）。
-  短语、布尔、exact 查询另外要求分块满足 ``search_vector::tsvector @@ tsquery``
-  （回表时逐行检查；tsvector 保留，它的 GIN 在 ``documents.0011`` 删掉了，没有查询用得上；列里存的是 tsvector 的
-  规范文本，PostgreSQL 压得动它，读时转回，``documents.0013``）。
+  短语、布尔、exact 查询另外要求分块满足 tsquery：回表之后按分数顺序对候选的原文重新切词（带位置）、在 PostgreSQL
+  里 ``@@``，够 limit 就停（:mod:`search.chunk_terms`；每块 0.2~0.6 ms，这类查询少见，候选又已按必需词筛过）。
   查询里孤立的单字是前缀词：它的 df 取自段写出时按首字汇总的 ``fulltext_prefixes``，只有额度里要读它的倒排时
   才取以它开头的词典块（常用字开头的词位有上千个）。
   段不变，所以段的词典、按首字的 df 与常见词的前几个倒排块都缓存在检索进程里（:mod:`search.segment_cache`）；
@@ -38,10 +40,12 @@
                                       由 v2 删掉；v3 加每个段按首字汇总的 df（前缀词的 df 不必读遍词典块）；
                                       v4 给 L0 与序号表加上分块所属的文档（回表检查不读分块行）；
                                       v5 给每个段一个全局唯一的代号（检索进程按它缓存词典块）；
-                                      v6 记下段的写出时间；v7 给段按序号存分块的长度字节
+                                      v6 记下段的写出时间；v7 给段按序号存分块的长度字节；v8 给序号表与
+                                      删除集加正排，v9（回填之后）让它非空、删掉删除集的词位数组
 ``fulltext_chunk_terms.vN.sql``       ``fulltext_chunk_terms()``：tsvector → 词位与标题/正文词频数组
                                       （写 L0、回填、重建共用）
-``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的三个语句级触发器与它们的函数（写 L0、记删除集）
+``fulltext_stats_maintain.vN.sql``    ``document_chunks`` 上的触发器与它们的函数（写 L0、记删除集）；v6 起写入是
+                                      BEFORE ROW（登记之后把过渡列 ``search_vector`` 置 NULL），删除仍是语句级
 ``fulltext_kb_stats_dropped.vN.sql``  统计行被删时清掉该库全部全文数据的触发器与函数（整库清理的快路）
 ``fulltext_stats_apply.vN.sql``       v1 的增量函数；v2 退役（文件只有 DROP）
 ``fulltext_impact.vN.sql``            v1 的影响力函数；v2 退役（影响力改由 ``raglib.postings.impacts`` 在合并时算）
@@ -61,7 +65,8 @@
   v3（按首字的 df）由 ``search.0009_fulltext_prefixes`` 应用，存储 v4 与触发器函数 v3（记下文档）由
   ``search.0010_fulltext_document_ids`` 应用，存储 v5（段的代号）由 ``search.0011_fulltext_segment_generation`` 应用，
   存储 v6（段的写出时间）由 ``search.0012`` 应用，触发器函数 v4（读分块的词位时转成 tsvector）由
-  ``search.0013_fulltext_terms_as_text`` 应用，存储 v7（段按序号存长度字节）由 ``search.0015`` 应用。
+  ``search.0013_fulltext_terms_as_text`` 应用，存储 v7（段按序号存长度字节）由 ``search.0015`` 应用，存储 v8 / v9
+  与触发器函数 v6（分块行不再存 tsvector，正排进序号表）由 ``search.0016_fulltext_forward_index`` 应用。
 
 查询一侧的 SQL（读快照、取倒排块、回表检查范围、``ts_rank_cd``、补分数）是 Python 常量，在 :mod:`search.bm25`；
 两路共用的检索范围在 :mod:`search.retrieval`，以 :class:`ChunkScope` 交给引擎。
@@ -157,8 +162,13 @@ class FulltextEngine(Protocol):
         """范围内与查询匹配的分块，按相关性降序的前 ``limit`` 个。"""
         ...
 
-    def scores(self, query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:
-        """指定分块在这个查询上的完整分数（与 ``search`` 同一个公式、同一份统计），不含任何查询词的分块为 0。"""
+    def scores(self, kb_id: uuid.UUID, query: ParsedQuery, chunk_ids: Sequence[int],
+               statistics: Bm25Statistics) -> dict[int, float]:
+        """知识库里指定分块在这个查询上的完整分数（与 ``search`` 同一个公式、同一份统计），不含任何查询词的分块为 0。"""
+        ...
+
+    def matching(self, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
+        """这些分块里满足 tsquery（可含短语、``!`` 排除）的；向量一路的 ``-词`` 排除用它。"""
         ...
 
     def statistics(self, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:

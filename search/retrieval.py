@@ -133,11 +133,8 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
 
 
 def _excluded(chunk_ids: Sequence[int], exclude: str) -> set[int]:
-    """这些分块里满足排除式（tsquery）的；没有词位的分块（NULL）不满足。"""
-    with search_connection().cursor() as cursor:
-        cursor.execute("SELECT id FROM document_chunks WHERE id = ANY(%s) AND search_vector::tsvector @@ %s::tsquery",
-                       [list(chunk_ids), exclude])
-        return {int(row[0]) for row in cursor.fetchall()}
+    """这些分块里满足排除式（tsquery）的：引擎对候选的原文重新切词来判断（分块不存 tsvector）。"""
+    return fulltext_engine().matching(chunk_ids, exclude) if chunk_ids else set()
 
 
 def vector_literal(vector: np.ndarray) -> str:
@@ -152,10 +149,11 @@ def fulltext_search(kb: KnowledgeBase, query: ParsedQuery, filters: SearchFilter
     return fulltext_engine().search(kb.id, query, ChunkScope(sql, params, documents), limit)
 
 
-def fulltext_scores(query: ParsedQuery, chunk_ids: Sequence[int], statistics: Bm25Statistics) -> dict[int, float]:
-    """指定分块在这个查询上的完整全文分：给全文一路没列出的候选补上真实的分数（见 docs/INVARIANTS.md 的
+def fulltext_scores(kb: KnowledgeBase, query: ParsedQuery, chunk_ids: Sequence[int],
+                    statistics: Bm25Statistics) -> dict[int, float]:
+    """知识库里指定分块在这个查询上的完整全文分：给全文一路没列出的候选补上真实的分数（见 docs/INVARIANTS.md 的
     EVIDENCE-OWN），与全文一路同一个公式、同一份统计。"""
-    return fulltext_engine().scores(query, chunk_ids, statistics)
+    return fulltext_engine().scores(kb.id, query, chunk_ids, statistics)
 
 
 def vector_distances(kb: KnowledgeBase, query_vector: np.ndarray, chunk_ids: Sequence[int]) -> dict[int, float]:

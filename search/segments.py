@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,10 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
 from infra.locks import advisory_lock
+from raglib import forward
 from raglib.lexicon import SegmentRows, build_segment, decode_dictionary_block, prefix_dfs, read_segment
 from raglib.postings import TF_MAX, NormLookup, Postings, capped_tf, dense_norms, norm_bytes
+from search.chunk_terms import reindex_chunks
 
 # 相邻的这么多个同层段并成一个
 MERGE_FACTOR = 8
@@ -144,11 +146,14 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
             _write_segment(cursor, kb_id, _Segment(next_segment, next_ordinal, end, len(rows)),
                            build_segment(lexemes, postings),
                            norm_bytes(np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows))))
+            # 每个分块的正排随序号表的行写一次（不带位置，raglib.forward）：删除时触发器把它搬进删除集，补分数、
+            # 核对也从它读。并段不动序号表
             cursor.execute(
-                "INSERT INTO fulltext_docs (knowledge_base_id, ordinal, chunk_id, length, document_id)"
-                " SELECT %s, o, c, l, d FROM unnest(%s::int[], %s::bigint[], %s::int[], %s::uuid[]) AS r(o, c, l, d)",
+                "INSERT INTO fulltext_docs (knowledge_base_id, ordinal, chunk_id, length, document_id, terms)"
+                " SELECT %s, o, c, l, d, t FROM unnest(%s::int[], %s::bigint[], %s::int[], %s::uuid[], %s::bytea[])"
+                " AS r(o, c, l, d, t)",
                 [kb_id, list(range(next_ordinal, end)), [row[0] for row in rows], [row[1] for row in rows],
-                 [row[5] for row in rows]],
+                 [row[5] for row in rows], [forward.encode(row[2], row[3], row[4]) for row in rows]],
             )
             cursor.execute(
                 "UPDATE fulltext_kb_stats SET chunk_count = chunk_count + %s, total_length = total_length + %s,"
@@ -162,17 +167,28 @@ def _compact_once(kb_id: uuid.UUID, batch: int, wait: bool) -> CompactResult:
 
 
 def _fold_deleted(cursor: Any, kb_id: uuid.UUID) -> None:
-    """把删除集里还没折叠的分块的词位计进 ``fulltext_deleted_terms``（一条语句：快照里看到的那些一次折叠）。
+    """把删除集里还没折叠的分块的词位计进 ``fulltext_deleted_terms``：快照里看到的那些一次标记、一次写入。
 
-    之后才提交的删除留着不折叠，查询照样逐行数它们，下一次合并再折叠。
+    之后才提交的删除留着不折叠，查询照样逐行数它们，下一次合并再折叠。正排在 Python 里解码（SQL 里解不开 zlib）。
     """
-    cursor.execute(
-        "WITH f AS (UPDATE fulltext_deleted SET folded = true WHERE knowledge_base_id = %s AND NOT folded"
-        " RETURNING lexemes)"
-        " INSERT INTO fulltext_deleted_terms AS t (knowledge_base_id, lexeme, count)"
-        " SELECT %s, x, count(*) FROM f CROSS JOIN LATERAL unnest(f.lexemes) x GROUP BY x"
-        " ON CONFLICT (knowledge_base_id, lexeme) DO UPDATE SET count = t.count + EXCLUDED.count",
-        [kb_id, kb_id])
+    cursor.execute("UPDATE fulltext_deleted SET folded = true WHERE knowledge_base_id = %s AND NOT folded"
+                   " RETURNING terms", [kb_id])
+    counts = _lexeme_counts(bytes(data) for (data,) in cursor.fetchall())
+    if counts:
+        cursor.execute(
+            "INSERT INTO fulltext_deleted_terms AS t (knowledge_base_id, lexeme, count)"
+            " SELECT %s, x, n FROM unnest(%s::text[], %s::int[]) AS c(x, n)"
+            " ON CONFLICT (knowledge_base_id, lexeme) DO UPDATE SET count = t.count + EXCLUDED.count",
+            [kb_id, list(counts), list(counts.values())])
+
+
+def _lexeme_counts(terms: Iterable[bytes]) -> dict[str, int]:
+    """一批正排里每个词位出现在几个分块里。"""
+    counts: dict[str, int] = {}
+    for data in terms:
+        for lexeme in forward.decode(data).lexemes:
+            counts[lexeme] = counts.get(lexeme, 0) + 1
+    return counts
 
 
 def _l0_postings(rows: Sequence[tuple[Any, ...]], first_ordinal: int) -> tuple[list[str], Postings]:
@@ -361,17 +377,15 @@ def _merge(cursor: Any, kb_id: uuid.UUID, segments: Sequence[_Segment], segment_
     first, end = segments[0].first, segments[-1].end
     ids = [segment.segment_id for segment in segments]
     # 清除范围里的删除集；其中已折叠的，从按词计数里减回去（它们的倒排随这次合并消失，段的 df 重新按倒排算）
-    cursor.execute(
-        "WITH gone AS (DELETE FROM fulltext_deleted WHERE knowledge_base_id = %s AND ordinal >= %s AND ordinal < %s"
-        " RETURNING ordinal, length, lexemes, folded),"
-        " counted AS (SELECT x, count(*) AS n FROM gone CROSS JOIN LATERAL unnest(gone.lexemes) x"
-        "  WHERE gone.folded GROUP BY x),"
-        " _ AS (UPDATE fulltext_deleted_terms t SET count = t.count - c.n FROM counted c"
-        "  WHERE t.knowledge_base_id = %s AND t.lexeme = c.x)"
-        " SELECT ordinal, length FROM gone",
-        [kb_id, first, end, kb_id])
+    cursor.execute("DELETE FROM fulltext_deleted WHERE knowledge_base_id = %s AND ordinal >= %s AND ordinal < %s"
+                   " RETURNING ordinal, length, terms, folded", [kb_id, first, end])
     purged = cursor.fetchall()
-    cursor.execute("DELETE FROM fulltext_deleted_terms WHERE knowledge_base_id = %s AND count <= 0", [kb_id])
+    counts = _lexeme_counts(bytes(data) for _, _, data, folded in purged if folded)
+    if counts:
+        cursor.execute("UPDATE fulltext_deleted_terms t SET count = t.count - c.n FROM unnest(%s::text[], %s::int[])"
+                       " AS c(x, n) WHERE t.knowledge_base_id = %s AND t.lexeme = c.x",
+                       [list(counts), list(counts.values()), kb_id])
+        cursor.execute("DELETE FROM fulltext_deleted_terms WHERE knowledge_base_id = %s AND count <= 0", [kb_id])
     gone = np.array([row[0] for row in purged], dtype=np.int64)
     docs = sum(segment.docs for segment in segments) - len(purged)
     # 按词位分片：每片读各段里这一片的词典块与倒排块，编好写出，再读下一片。新段的词典块在片的边界断开，
@@ -649,62 +663,57 @@ def drop(kb_id: uuid.UUID, *, batch_segments: int = 20) -> int:
 
 
 def rebuild(kb_id: uuid.UUID) -> CompactResult:
-    """从分块的 tsvector 重建一个知识库的全部全文数据（不重新切词；切法变了先用 reindex 重算 tsvector）。
+    """从分块的原文重建一个知识库的全部全文数据：整库删除，按当前的切词设置重新登记每个分块，再合并成段。
 
-    先整库删除，再在一个语句里把全部可检索分块放进 L0（与触发器同一个词项定义 ``fulltext_chunk_terms``），
-    然后合并成段。期间写入的分块照常进 L0（主键冲突的跳过），不会丢。
+    引擎不存分块的 tsvector，重建的依据就是原文（与 ``manage.py rebuild_fulltext`` 改切法之后做的相同，
+    :func:`search.chunk_terms.reindex_chunks`）。重新登记分批提交，期间写入、删除的分块照常经过触发器，不会丢，
+    也不会多：整库删除之后第一个重新登记的分块建起统计行，之后每个分块先撤出（不在引擎里就什么也不做）再登记。
     """
     drop(kb_id)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("INSERT INTO fulltext_kb_stats (knowledge_base_id, chunk_count, total_length, next_ordinal,"
-                       " next_segment) VALUES (%s, 0, 0, 0, 0) ON CONFLICT DO NOTHING", [kb_id])
-        # 锁住这些分块不让并发的删除插队：删除等到这里提交，它的触发器才看得到 L0 的行并删掉它
-        cursor.execute(
-            "INSERT INTO fulltext_l0 (knowledge_base_id, chunk_id, document_id, length, lexemes, title_tf, body_tf)"
-            " SELECT c.knowledge_base_id, c.id, c.document_id, coalesce(c.search_length, 0), t.lexemes, t.title_tf,"
-            " t.body_tf"
-            " FROM (SELECT * FROM document_chunks WHERE knowledge_base_id = %s AND role <> 'parent' FOR KEY SHARE) c"
-            " CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector::tsvector) t ON CONFLICT DO NOTHING",
-            [kb_id],
-        )
+    reindex_chunks(kb_id=kb_id)
+    with connection.cursor() as cursor:
         # 一次放进成千上万行之后 L0 的统计还是放之前的（常常是空表）：接下来合并取一批行的语句按它做计划，
-        # 100 万行刚放进、自动 ANALYZE 之前，第一批 2 万行跑了 12 分钟还没完；ANALYZE 之后每批 19 s。
-        # 事务里的 ANALYZE 看得见本事务插入的行，抽样几万行，只要一两秒
+        # 100 万行刚放进、自动 ANALYZE 之前，第一批 2 万行跑了 12 分钟还没完；ANALYZE 之后每批 19 s
         cursor.execute("ANALYZE fulltext_l0")
     return compact(kb_id)
 
 
 def mismatches(kb_id: uuid.UUID) -> list[str]:
-    """存储的全文数据与按分块重算的差异（人能读的描述）；空列表表示完全一致。
+    """全文数据内部、以及与分块行之间的差异（人能读的描述）；空列表表示完全一致。
 
-    比较三样：可见的倒排（段里的减去删除集，加上 L0）与按 tsvector 重算的逐条相同（词频封顶、长度量化之后）；
-    N 与总词数（统计行 + L0 - 删除集）；每个词的 df（各段词典 + L0 - 删除集）。另外检查每个可检索分块恰好在
-    L0 或序号表里出现一次、记着的文档就是它所属的文档，删除集的按词计数等于已折叠的那些行。
+    分块的词项只在引擎里：L0 的行、已合并分块的正排（``fulltext_docs.terms``）。以它们为准比较：可见的倒排（段里的
+    减去删除集）与已合并分块的正排逐条相同（词频封顶、长度量化之后）；每个词的 df（各段词典 + L0 - 删除集）等于
+    按 L0 与正排重数的；N 与总词数（统计行 + L0 - 删除集）等于分块行上的（``search_length``），每个分块登记的
+    词数就是它行上的。另外检查每个可检索分块恰好在 L0 或序号表里出现一次、记着的文档就是它所属的文档，删除集的
+    按词计数等于已折叠的那些行。不与原文重新切词比较：改了切词设置、还没 ``rebuild_fulltext`` 时两者本来就不同。
     """
     problems: list[str] = []
     with connection.cursor() as cursor:
         cursor.execute("SELECT chunk_count, total_length FROM fulltext_kb_stats WHERE knowledge_base_id = %s",
                        [kb_id])
         state = cursor.fetchone()
-        cursor.execute("SELECT c.id, coalesce(c.search_length, 0), t.lexemes, t.title_tf, t.body_tf"
-                       " FROM document_chunks c CROSS JOIN LATERAL fulltext_chunk_terms(c.search_vector::tsvector) t"
-                       " WHERE c.knowledge_base_id = %s AND c.role <> 'parent'", [kb_id])
-        chunks = cursor.fetchall()
+        cursor.execute("SELECT id, coalesce(search_length, 0) FROM document_chunks"
+                       " WHERE knowledge_base_id = %s AND role <> 'parent'", [kb_id])
+        chunks = {int(chunk_id): int(length) for chunk_id, length in cursor.fetchall()}
         if state is None:
             return [f"{len(chunks)} searchable chunks but no statistics row"] if chunks else []
-        counted = _posting_set(chunks)
         cursor.execute("SELECT chunk_id, length, lexemes, title_tf, body_tf FROM fulltext_l0"
                        " WHERE knowledge_base_id = %s", [kb_id])
         l0 = cursor.fetchall()
-        cursor.execute("SELECT ordinal, chunk_id, length FROM fulltext_docs WHERE knowledge_base_id = %s", [kb_id])
-        docs = {int(o): (int(c), int(n)) for o, c, n in cursor.fetchall()}
+        cursor.execute("SELECT ordinal, chunk_id, length, terms FROM fulltext_docs WHERE knowledge_base_id = %s",
+                       [kb_id])
+        rows = cursor.fetchall()
+        docs = {int(o): (int(c), int(n)) for o, c, n, _ in rows}
+        merged = [(int(chunk), int(length), *_forward_columns(bytes(data))) for _, chunk, length, data in rows]
         cursor.execute("SELECT x.chunk_id FROM (SELECT chunk_id, document_id FROM fulltext_l0"
                        " WHERE knowledge_base_id = %s UNION ALL SELECT chunk_id, document_id FROM fulltext_docs"
                        " WHERE knowledge_base_id = %s) x LEFT JOIN document_chunks c ON c.id = x.chunk_id"
                        " WHERE c.document_id IS DISTINCT FROM x.document_id ORDER BY 1 LIMIT 20", [kb_id, kb_id])
         problems += [f"chunk {chunk_id} indexed under another document" for (chunk_id,) in cursor.fetchall()]
-        cursor.execute("SELECT ordinal, length, lexemes FROM fulltext_deleted WHERE knowledge_base_id = %s", [kb_id])
-        deleted = cursor.fetchall()
+        cursor.execute("SELECT ordinal, length, terms, folded FROM fulltext_deleted WHERE knowledge_base_id = %s",
+                       [kb_id])
+        deleted = [(int(o), int(n), forward.decode(bytes(data)).lexemes, folded) for o, n, data, folded
+                   in cursor.fetchall()]
         ids = [s.segment_id for s in _segments(cursor, kb_id)]
         lexemes, postings = _read_segments(cursor, kb_id, ids, _segment_norms(cursor, kb_id, ids))
         dictionary_dfs = _dictionary_dfs(cursor, kb_id)
@@ -713,46 +722,55 @@ def mismatches(kb_id: uuid.UUID) -> list[str]:
         stored_prefixes = {prefix: int(df) for prefix, df in cursor.fetchall()}
         cursor.execute("SELECT lexeme, count FROM fulltext_deleted_terms WHERE knowledge_base_id = %s", [kb_id])
         folded_terms = {lexeme: int(count) for lexeme, count in cursor.fetchall()}
-        cursor.execute("SELECT x, count(*) FROM fulltext_deleted CROSS JOIN LATERAL unnest(lexemes) x"
-                       " WHERE knowledge_base_id = %s AND folded GROUP BY x", [kb_id])
-        if folded_terms != {lexeme: int(count) for lexeme, count in cursor.fetchall()}:
-            problems.append("fulltext_deleted_terms != the folded rows of fulltext_deleted")
+    folded_counts: dict[str, int] = {}
+    for _, _, names, folded in deleted:
+        for lexeme in names if folded else ():
+            folded_counts[lexeme] = folded_counts.get(lexeme, 0) + 1
+    if folded_terms != folded_counts:
+        problems.append("fulltext_deleted_terms != the folded rows of fulltext_deleted")
     ordered = sorted(dictionary_dfs.items())
     summed = dict(prefix_dfs([lexeme for lexeme, _ in ordered], [df for _, df in ordered]))
     problems += [f"prefix df({prefix!r}) stored {stored_prefixes.get(prefix)} != dictionary {summed.get(prefix)}"
                  for prefix in sorted(set(stored_prefixes) | set(summed))
                  if stored_prefixes.get(prefix) != summed.get(prefix)][:20]
-    chunk_ids = [int(row[0]) for row in l0] + [chunk for chunk, _ in docs.values()]
-    if sorted(chunk_ids) != sorted(int(row[0]) for row in chunks):
-        problems.append(f"indexed chunks {len(chunk_ids)} (distinct {len(set(chunk_ids))}) != searchable chunks"
-                        f" {len(chunks)}")
-    live = postings.without_docs(np.array([int(row[0]) for row in deleted], dtype=np.int64))
-    stored = _posting_set(l0)
-    for term, doc, title, body, norm in zip(live.terms.tolist(), live.docs.tolist(), live.title_tf.tolist(),
-                                            live.body_tf.tolist(), live.norms.tolist(), strict=True):
-        chunk = docs.get(doc, (None, 0))[0]
-        stored.add((chunk, lexemes[term], title, body, norm))
+    indexed = [(int(row[0]), int(row[1])) for row in l0] + [(chunk, length) for chunk, length, *_ in merged]
+    if sorted(chunk for chunk, _ in indexed) != sorted(chunks):
+        problems.append(f"indexed chunks {len(indexed)} (distinct {len({c for c, _ in indexed})}) != searchable"
+                        f" chunks {len(chunks)}")
+    problems += [f"chunk {chunk} indexed with length {length} != its search_length {chunks[chunk]}"
+                 for chunk, length in indexed if chunk in chunks and chunks[chunk] != length][:20]
+    live = postings.without_docs(np.array([row[0] for row in deleted], dtype=np.int64))
+    stored = {(docs.get(doc, (None, 0))[0], lexemes[term], title, body, norm) for term, doc, title, body, norm
+              in zip(live.terms.tolist(), live.docs.tolist(), live.title_tf.tolist(), live.body_tf.tolist(),
+                     live.norms.tolist(), strict=True)}
+    counted = _posting_set(merged)
     problems += [f"posting {row!r} stored but not counted" for row in sorted(stored - counted, key=repr)[:20]]
     problems += [f"posting {row!r} counted but not stored" for row in sorted(counted - stored, key=repr)[:20]]
     n = int(state[0]) + len(l0) - len(deleted)
-    total = int(state[1]) + sum(int(row[1]) for row in l0) - sum(int(row[1]) for row in deleted)
-    if (n, total) != (len(chunks), sum(int(row[1]) for row in chunks)):
-        problems.append(f"chunks/length stored {(n, total)} != counted {(len(chunks), sum(int(r[1]) for r in chunks))}")
+    total = int(state[1]) + sum(int(row[1]) for row in l0) - sum(row[1] for row in deleted)
+    if (n, total) != (len(chunks), sum(chunks.values())):
+        problems.append(f"chunks/length stored {(n, total)} != counted {(len(chunks), sum(chunks.values()))}")
     dfs = dict(dictionary_dfs)
     for row in l0:
         for lexeme in row[2]:
             dfs[lexeme] = dfs.get(lexeme, 0) + 1
-    for row in deleted:
-        for lexeme in row[2]:
+    for _, _, names, _ in deleted:
+        for lexeme in names:
             dfs[lexeme] = dfs.get(lexeme, 0) - 1
     recount: dict[str, int] = {}
-    for row in chunks:
-        for lexeme in row[2]:
+    for names in [row[2] for row in l0] + [row[2] for row in merged]:
+        for lexeme in names:
             recount[lexeme] = recount.get(lexeme, 0) + 1
     for lexeme in sorted(set(dfs) | set(recount)):
         if dfs.get(lexeme, 0) != recount.get(lexeme, 0):
             problems.append(f"df({lexeme!r}) stored {dfs.get(lexeme, 0)} != counted {recount.get(lexeme, 0)}")
     return problems
+
+
+def _forward_columns(data: bytes) -> tuple[list[str], list[int], list[int]]:
+    """正排 → (词位, 标题词频, 正文词频)，与 L0 的三列同形。"""
+    terms = forward.decode(data)
+    return terms.lexemes, list(terms.title_tf), list(terms.body_tf)
 
 
 def _posting_set(rows: Sequence[tuple[Any, ...]]) -> set[tuple[Any, ...]]:

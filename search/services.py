@@ -361,7 +361,7 @@ def _complete_evidence(kb: KnowledgeBase, parsed: analysis.ParsedQuery, candidat
                 c.vector_similarity = similarity_from_distance(distances[c.chunk.chunk_id])
     no_text = [c.chunk.chunk_id for c in candidates if c.fulltext_score is None]
     if no_text and text.statistics is not None:
-        scores = fulltext_scores(parsed, no_text, text.statistics)
+        scores = fulltext_scores(kb, parsed, no_text, text.statistics)
         for c in candidates:
             if c.fulltext_score is None:
                 c.fulltext_score = scores.get(c.chunk.chunk_id, 0.0)

@@ -9,6 +9,7 @@ from django.db import connection
 from bench.scale_data import VectorGenerator, load_scale_data, query_vectors, vector_statistics
 from documents.models import DocumentChunk
 from search.retrieval import fulltext_engine
+from tests.search.oracle import engine_terms
 
 pytestmark = pytest.mark.django_db
 
@@ -37,16 +38,17 @@ def test_loader_shares_rows_and_fills_fulltext_through_the_existing_helpers():
     assert counts == [300, 60, 240]
     half = data.kbs[0.5]
     chunk = DocumentChunk.objects.filter(knowledge_base=half).first()
-    assert chunk.search_vector and chunk.search_length > 0 and 80 <= len(chunk.chunk_text) <= 400
-    # BM25 统计由表上的触发器随 COPY 维护（写进 L0，还没合并成段也照样计数）
+    assert chunk.search_length > 0 and 80 <= len(chunk.chunk_text) <= 400
+    # 词项由表上的触发器随 COPY 登记进引擎（写进 L0，还没合并成段也照样计数），分块行里不留 tsvector
+    assert chunk.search_vector is None and engine_terms(half.id)[chunk.id].lexemes
     assert fulltext_engine().statistics(half.id, []).n == 300
     assert data.sizes["document_chunks_hnsw_384"] > 0
 
 
-def test_loader_without_fulltext_leaves_search_vector_null():
+def test_loader_without_fulltext_registers_no_terms():
     data = load_scale_data(connection, rows=200, shares=(1.0,), prefix="vectors", progress=lambda _: None)
     assert data.filler is None
     chunks = DocumentChunk.objects.filter(knowledge_base=data.kbs[1.0])
     assert chunks.count() == 200
-    assert not chunks.exclude(search_vector=None).exists()
+    assert not any(terms.lexemes for terms in engine_terms(data.kbs[1.0].id).values())
     assert not chunks.filter(embedding=None).exists()

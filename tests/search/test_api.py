@@ -30,6 +30,7 @@ from search.profiles import retrieval_profile
 from search.retrieval import ChunkRow, FulltextHits, PathHit, SearchPlan, vector_search
 from tests.conftest import assert_error
 from tests.factories import ingest_text
+from tests.search.oracle import matching_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,10 +82,7 @@ def test_vector_exclusion_equals_filtering_every_row(corpus: KnowledgeBase, exac
     query = np.ones(corpus.embedding_dimension, dtype=np.float32)
     query /= np.linalg.norm(query)
     everything, _ = vector_search(corpus, query, SearchFilters(), 100, exact=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM document_chunks WHERE knowledge_base_id = %s"
-                       " AND search_vector::tsvector @@ %s::tsquery", [corpus.id, exclude])
-        matching = {row[0] for row in cursor.fetchall()}
+    matching = matching_chunks(corpus.id, exclude)
     assert matching and len(matching) < len(everything)
     for limit in (1, 2, 3):
         hits, _ = vector_search(corpus, query, SearchFilters(), limit, exact=exact, exclude=exclude)

@@ -33,9 +33,11 @@ from raglib import bm25 as raglib_bm25
 from raglib.analysis import ParsedQuery
 from raglib.postings import Postings, impacts
 from search import bm25, segments
+from search.chunk_terms import chunk_terms
 from search.retrieval import fulltext_scores, fulltext_search
 from search.segment_cache import DICTIONARIES
 from tests.sample_docs import MEDICAL_TEXTS
+from tests.search.oracle import analysed_terms, chunk_vectors, engine_terms, matching_chunks
 
 
 def parse_query(query: str) -> ParsedQuery:
@@ -55,14 +57,16 @@ def _upload(kb: KnowledgeBase, name: str, text: str, capture: Any) -> Document:
 
 
 def _stored_terms(kb: KnowledgeBase) -> dict[int, tuple[dict[str, float], int]]:
-    """每个可检索分块：{词位: 加权词频}（标题位置按 RAG_BM25_TITLE_WEIGHT 计）与词数，直接从 tsvector 文本解析。"""
+    """每个可检索分块：{词位: 加权词频}（标题位置按 RAG_BM25_TITLE_WEIGHT 计）与词数，从重新切出的 tsvector 解析。"""
     from django.conf import settings
 
     rows = {}
+    vectors = chunk_vectors(kb.id)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, search_vector::text, search_length FROM document_chunks"
+        cursor.execute("SELECT id, search_length FROM document_chunks"
                        " WHERE knowledge_base_id = %s AND role <> 'parent'", [kb.id])
-        for chunk_id, literal, length in cursor.fetchall():
+        for chunk_id, length in cursor.fetchall():
+            literal = vectors[chunk_id]
             terms: dict[str, float] = {}
             for lexeme, positions in re.findall(r"'((?:[^']|'')+)':([\dA-D,]+)", literal or ""):
                 for position in positions.split(","):
@@ -120,10 +124,7 @@ def test_phrase_boolean_exact_hits_are_exactly_the_matching_chunks(medical: Know
     必需词去掉的候选（``_with_required``）一个也不该是满足 tsquery 的。"""
     parsed = parse_query(query)
     assert parsed.type != "plain"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM document_chunks WHERE knowledge_base_id = %s AND role <> 'parent'"
-                       " AND search_vector::tsvector @@ %s::tsquery", [medical.id, parsed.tsquery])
-        matching = {row[0] for row in cursor.fetchall()}
+    matching = matching_chunks(medical.id, parsed.tsquery)
     found = fulltext_search(medical, parsed, SearchFilters(), limit=50).hits
     assert {hit.chunk_id for hit in found} == matching
     expected = _python_bm25(medical, query)
@@ -134,12 +135,12 @@ def test_phrase_boolean_exact_hits_are_exactly_the_matching_chunks(medical: Know
 @pytest.mark.django_db
 @pytest.mark.parametrize("query", ["高血压能吃党参吗", "乙肝 肝功能 复查", "hypertension blood pressure", "肝"])
 def test_scores_from_chunk_terms_equal_the_postings_scores(medical: KnowledgeBase, query: str) -> None:
-    """EVIDENCE-OWN：给名单外候选补分数用的 fulltext_scores（由分块自己的 tsvector 算）与倒排表上的 SQL 打分一致；
+    """EVIDENCE-OWN：给名单外候选补分数用的 fulltext_scores（由分块自己的正排算）与倒排表上的 SQL 打分一致；
     一个查询词都没有的分块为 0。"""
     parsed = parse_query(query)
     found = fulltext_search(medical, parsed, SearchFilters(), limit=50)
     every = list(DocumentChunk.objects.filter(knowledge_base=medical).values_list("id", flat=True))
-    scores = fulltext_scores(parsed, every, found.statistics)
+    scores = fulltext_scores(medical, parsed, every, found.statistics)
     listed = {hit.chunk_id: hit.value for hit in found.hits}
     for chunk_id, score in scores.items():
         assert score == pytest.approx(listed.get(chunk_id, 0.0), rel=1e-4, abs=1e-9)
@@ -293,8 +294,9 @@ def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operatio
     """STATISTICS-EXACT 与 DELETED-NEVER-RETURNED：摄取、删除、重新索引、直接删行、直接改行、合并（含中途被杀的合并）
     任意交错，每一步之后存储的统计与倒排都等于按分块重算的，删掉的分块无论合并前后都不会被检索到。
 
-    直接改行有两种（触发器 v5）：只改 ``ann_pending`` 的 UPDATE（向量图的插入做的就是这个，全文引擎什么也不做）；
-    同一条语句里改了一个分块的词位、其余分块只改 ``ann_pending``（整条语句照 v4 的做法，全部行先删、再插）。"""
+    直接改行有两种（触发器 v6）：只改 ``ann_pending`` 的 UPDATE（向量图的插入做的就是这个，全文引擎什么也不做）；
+    同一条语句里给一个分块换了原文与全文输入、其余分块只改 ``ann_pending``（只有那一个被撤出、重新登记）。
+    分块不存 tsvector，所以每一步另查引擎登记的词项正是按原文重新切出来的（``mismatches`` 只核对引擎内部与分块行）。"""
     settings.FULLTEXT_L0_MAX_CHUNKS = 1000  # 合并只在 compact 步骤里发生
     monkeypatch.setattr(segments, "MERGE_FACTOR", 2)  # 两个段就并：短序列里也有并段与清除删除
     monkeypatch.setattr(segments, "_SLICE_DOCS", 2)  # 并段按词位分成几片读写
@@ -327,15 +329,22 @@ def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operatio
                 chunk.delete()  # 绕过服务直接删行：统计照样由触发器维护
         elif kind == "raw_update":
             with connection.cursor() as cursor:
-                # number 为奇数时把最早那个分块的词位换成最晚那个的：一条语句里既有改了全文输入的行，也有没改的
+                # number 为奇数时把最早那个分块的原文、元数据与全文输入换成最晚那个的：一条语句里既有改了全文输入
+                # 的行（给出 search_vector，触发器重新登记它），也有只改 ann_pending 的（触发器不运行）
+                cursor.execute("SELECT chunk_text, metadata::text FROM document_chunks WHERE knowledge_base_id = %s"
+                               " ORDER BY id DESC LIMIT 1", [kb.id])
+                last = cursor.fetchone()
+                vector, length = chunk_terms(*last) if last else ("", 0)
+                swap = number % 2 == 1 and last is not None
                 cursor.execute(
                     "UPDATE document_chunks c SET ann_pending = NOT c.ann_pending,"
-                    " search_vector = CASE WHEN %s AND c.id = e.first THEN e.terms ELSE c.search_vector END,"
-                    " search_length = CASE WHEN %s AND c.id = e.first THEN e.length ELSE c.search_length END"
-                    " FROM (SELECT min(id) AS first, (array_agg(search_vector ORDER BY id DESC))[1] AS terms,"
-                    " (array_agg(search_length ORDER BY id DESC))[1] AS length FROM document_chunks"
-                    " WHERE knowledge_base_id = %s) e WHERE c.knowledge_base_id = %s",
-                    [number % 2 == 1, number % 2 == 1, kb.id, kb.id])
+                    " chunk_text = CASE WHEN %s AND c.id = e.first THEN %s ELSE c.chunk_text END,"
+                    " metadata = CASE WHEN %s AND c.id = e.first THEN %s::jsonb ELSE c.metadata END,"
+                    " search_vector = CASE WHEN %s AND c.id = e.first THEN %s END,"
+                    " search_length = CASE WHEN %s AND c.id = e.first THEN %s ELSE c.search_length END"
+                    " FROM (SELECT min(id) AS first FROM document_chunks WHERE knowledge_base_id = %s) e"
+                    " WHERE c.knowledge_base_id = %s",
+                    [swap, last and last[0], swap, last and last[1], swap, vector, swap, length, kb.id, kb.id])
         elif kind == "compact":
             segments.compact(kb.id, batch=1 + number % 3)
         elif kind == "compact_killed":
@@ -344,6 +353,7 @@ def test_statistics_equal_a_recount_after_any_sequence(operations: list[Operatio
                 with contextlib.suppress(_Killed):  # 还没有统计行的空库不走到那一步
                     segments.compact(kb.id)
         assert segments.mismatches(kb.id) == []
+        assert engine_terms(kb.id) == analysed_terms(kb.id)
         _assert_deleted_never_returned(kb, gone)
         _assert_settled_path_agrees(kb)
     if cleanup:

@@ -11,13 +11,13 @@ import re
 
 import pytest
 from django.apps import apps as django_apps
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from documents.models import DocumentChunk
-from raglib import analysis
+from raglib import analysis, forward
 from raglib.analysis import (
     MAX_POSITION,
     MAX_POSITIONS_PER_LEXEME,
@@ -27,7 +27,10 @@ from raglib.analysis import (
     normalize,
     quote_lexeme,
 )
+from search import segments
+from search.chunk_terms import chunk_terms
 from tests.documents.test_api import BID_TEXT, upload
+from tests.search.oracle import analysed_terms, chunk_vectors, engine_terms, matching_chunks
 
 # 本文件固定 jieba 切法：分析函数直接调用时传它，经服务的路径由 RAG_FULLTEXT_ANALYZER 设为它
 ANALYZER = "jieba"
@@ -305,10 +308,10 @@ def test_required_terms_are_in_every_match(query, bodies):
         with transaction.atomic():
             if not sql("SELECT %s::tsvector @@ %s::tsquery", [vector, parsed.tsquery]):
                 continue
-        found = analysis.lexeme_counts(vector, exact)
-        assert set(exact) <= set(found), (query, body)
+            lexemes = set(sql("SELECT array_agg(lexeme) FROM unnest(%s::tsvector)", [vector]) or [])
+        assert set(exact) <= lexemes, (query, body)
         for prefix in prefixes:
-            assert analysis.lexeme_counts(vector, [], [prefix]), (query, body, prefix)
+            assert any(lexeme.startswith(prefix) for lexeme in lexemes), (query, body, prefix)
 
 
 @pytest.mark.django_db
@@ -370,20 +373,21 @@ def test_document_terms_match_the_tokenize_definition(analyzer, body, titles, re
 @given(body=st.text(alphabet=st.sampled_from(list(MIXED_ALPHABET)), max_size=300) | st.text(max_size=300),
        titles=st.lists(st.text(alphabet=st.sampled_from(list(MIXED_ALPHABET)), max_size=20), max_size=2),
        absent=st.lists(st.text(max_size=4), max_size=3), cut=st.integers(1, 3))
-def test_lexeme_counts_match_postgres(body, titles, absent, cut):
-    """:func:`analysis.lexeme_counts` 在规范文本里找到的（标题，正文）次数与 PostgreSQL 展开 tsvector 得到的相同：
-    整词与前缀（取各词位的前几个字当前缀），含单引号、反斜杠、扩展 B 的字；不在分块里的词不出现。"""
+def test_forward_terms_match_postgres(body, titles, absent, cut):
+    """分块的正排（合并时由 L0 的行编码，``raglib.forward``）解码后找到的（标题，正文）次数与 PostgreSQL 展开
+    tsvector 得到的相同：整词与前缀（取各词位的前几个字当前缀），含单引号、反斜杠、扩展 B 的字；不在分块里的词
+    不出现。补分数（``search.bm25.chunk_scores``）就是这样取候选的词频。"""
     literal = document_tsvector(body, titles)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT u.lexeme, coalesce(cardinality(array_positions(u.weights, 'A')), 0),"
                        " cardinality(u.weights) FROM unnest(%s::tsvector) u", [literal])
         expected = {lexeme: (title, total - title) for lexeme, title, total in cursor.fetchall()}
-    assert analysis.lexeme_counts(literal, [*expected, *absent]) == {
-        lexeme: counts for lexeme, counts in expected.items()} | {
-        lexeme: expected[lexeme] for lexeme in absent if lexeme in expected}
+        cursor.execute("SELECT lexemes, title_tf, body_tf FROM fulltext_chunk_terms(%s::tsvector)", [literal])
+        terms = forward.decode(forward.encode(*cursor.fetchone()))
+    assert terms.select([*expected, *absent]) == expected
     prefixes = sorted({lexeme[:cut] for lexeme in expected} | {a for a in absent if a})
     for prefix in prefixes:
-        assert analysis.lexeme_counts(literal, [], [prefix]) == {
+        assert terms.select([], [prefix]) == {
             lexeme: counts for lexeme, counts in expected.items() if lexeme.startswith(prefix)}
 
 
@@ -391,46 +395,61 @@ def test_lexeme_counts_match_postgres(body, titles, absent, cut):
 
 
 @pytest.mark.django_db
-def test_ingestion_writes_search_vector(client_rw, kb_factory, run_on_commit, fake_embedder):
+def test_ingestion_registers_the_chunk_terms_and_keeps_no_tsvector(client_rw, kb_factory, run_on_commit,
+                                                                    fake_embedder):
+    """摄取写分块时带上 tsvector（过渡列）：触发器把它登记进引擎（L0 的行）、存下来的这一列是 NULL；登记的词项
+    正是按原文重新切出来的，标题部分（文件名、文档标题、标题路径）进入每个分块。"""
     kb = kb_factory()
     response = upload(client_rw, kb, "招标文件.md", BID_TEXT.encode(), run_on_commit,
                       metadata='{"title": "政务云招标"}', chunking='{"chunk_size": 48, "overlap": 8}')
     document_id = response.json()["document_id"]
     chunks = DocumentChunk.objects.filter(document_id=document_id)
-    assert chunks.count() > 2 and not chunks.filter(search_vector__isnull=True).exists()
+    assert chunks.count() > 2 and not chunks.filter(search_vector__isnull=False).exists()
+    assert engine_terms(kb.id) == analysed_terms(kb.id)
+    index_of = dict(chunks.values_list("id", "chunk_index"))
 
     def hits(query: str) -> set[int]:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT chunk_index FROM document_chunks WHERE document_id = %s "
-                           "AND search_vector::tsvector @@ %s::tsquery", [document_id, parse_query(query).tsquery])
-            return {row[0] for row in cursor.fetchall()}
+        return {index_of[chunk_id] for chunk_id in matching_chunks(kb.id, parse_query(query).tsquery)}
 
     deadline = {c.chunk_index for c in chunks if "投标截止时间" in c.chunk_text}
     assert deadline and hits("投標截止時間是什麼時候？") >= deadline
     assert hits('"投标截止时间"') == deadline
-    # 标题部分（文件名、文档标题、标题路径）进入每个分块
-    assert hits("招标文件") == hits("政务云") == set(chunks.values_list("chunk_index", flat=True))
+    assert hits("招标文件") == hits("政务云") == set(index_of.values())
     assert hits('"技术要求"') == {c.chunk_index for c in chunks if c.metadata["heading_path"] == ["第二章 技术要求"]}
 
 
 @pytest.mark.django_db
-def test_chunk_terms_are_stored_as_canonical_compressed_text(client_rw, kb_factory, run_on_commit, fake_embedder):
-    """分块的词位存 tsvector 的规范文本（documents.0013）：字面量就是 ``::tsvector::text`` 的输出（词位按字节序），
-    长分块的这一列被 PostgreSQL 压缩存放——二进制的 tsvector 压不动，这是改存文本的全部理由。"""
+def test_search_vector_is_a_transitional_column(client_rw, kb_factory, run_on_commit, fake_embedder):
+    """search_vector 只在写入的语句里出现：给出它的 UPDATE 重新登记分块（撤出旧的、追加新的），存下来仍是 NULL；
+    只改别的列的 UPDATE 不碰引擎；改了知识库、文档、角色或词数却不给它的 UPDATE 报错，什么也不改。
+    合并后的分块在序号表里留一份正排，比它的 tsvector 文本小得多。"""
     kb = kb_factory()
     document_id = upload(client_rw, kb, "招标文件.md", BID_TEXT.encode(), run_on_commit).json()["document_id"]
-    # 再给分块换上多得多的词（开发集的长分块 tsvector 3~5 KB）：行超过 2 KB，PostgreSQL 才去压缩它
-    long_text = "".join(line.strip("# ") for line in BID_TEXT.splitlines()) * 4
-    chunk = DocumentChunk.objects.filter(document_id=document_id).first()
-    DocumentChunk.objects.filter(id=chunk.id).update(search_vector=document_tsvector(long_text))
+    segments.compact(kb.id)
+    chunk = DocumentChunk.objects.filter(document_id=document_id).order_by("id").first()
+    before = engine_terms(kb.id)
+    DocumentChunk.objects.filter(id=chunk.id).update(ann_pending=True)
+    assert engine_terms(kb.id) == before and _count("fulltext_deleted", kb) == 0
+    vector, length = analysis.document_terms("新的正文：评标办法", analyzer=ANALYZER)
+    DocumentChunk.objects.filter(id=chunk.id).update(search_vector=vector, search_length=length)
+    assert DocumentChunk.objects.get(id=chunk.id).search_vector is None
+    assert _count("fulltext_deleted", kb) == 1 and _count("fulltext_l0", kb) == 1
+    assert engine_terms(kb.id)[chunk.id].lexemes == sql("SELECT lexemes FROM fulltext_chunk_terms(%s::tsvector)",
+                                                        [vector])
+    assert segments.mismatches(kb.id) == []
+    with pytest.raises(DataError, match="needs search_vector"), transaction.atomic():
+        DocumentChunk.objects.filter(id=chunk.id).update(search_length=length + 1)
+    assert DocumentChunk.objects.get(id=chunk.id).search_length == length
+    segments.compact(kb.id)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, search_vector = search_vector::tsvector::text, octet_length(search_vector),"
-                       " pg_column_size(search_vector), pg_column_compression(search_vector) FROM document_chunks"
-                       " WHERE document_id = %s", [document_id])
-        rows = {row[0]: row[1:] for row in cursor.fetchall()}
-    assert rows and all(canonical for canonical, *_ in rows.values())
-    _, raw, stored, method = rows[chunk.id]
-    assert raw > 1500 and method is not None and stored < raw * 0.8
+        cursor.execute("SELECT c.chunk_text, c.metadata::text, octet_length(d.terms) FROM fulltext_docs d"
+                       " JOIN document_chunks c ON c.id = d.chunk_id WHERE d.knowledge_base_id = %s", [kb.id])
+        rows = cursor.fetchall()
+    assert rows and all(size < len(chunk_terms(text, meta)[0].encode()) / 2 for text, meta, size in rows)
+
+
+def _count(table: str, kb) -> int:
+    return int(sql(f"SELECT count(*) FROM {table} WHERE knowledge_base_id = %s", [kb.id]))
 
 
 @pytest.mark.django_db
@@ -448,8 +467,10 @@ def test_backfill_reproduces_ingested_vectors(client_rw, kb_factory, run_on_comm
     def lengths() -> dict[int, int]:
         return dict(DocumentChunk.objects.values_list("id", "search_length"))
 
-    ingested, ingested_lengths = vectors(), lengths()
-    DocumentChunk.objects.update(search_vector=None)
+    # 分块不再存 tsvector（search.0016）：摄取算出的就是按原文重新切出的；回填那时写的是分块行，这里绕过触发器跑它
+    ingested, ingested_lengths = chunk_vectors(kb.id), lengths()
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
     # 迁移用自己的冻结切词副本（documents/migrations/_frozen_analysis_0004.py）：当下它与摄取用的 raglib.analysis 一致
     migration = importlib.import_module("documents.migrations.0003_chunk_search_vector")
     with connection.schema_editor() as editor:
@@ -469,6 +490,8 @@ def test_backfill_reproduces_ingested_vectors(client_rw, kb_factory, run_on_comm
     with connection.schema_editor() as editor:
         assert recompute(django_apps, editor, batch_size=2) == len(ingested)
     recomputed, recomputed_lengths = vectors(), lengths()
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = DEFAULT")
     assert recomputed.pop(legacy) == legacy_vector
     assert recomputed_lengths.pop(legacy) == len(tokenize("手工写入的旧分块"))
     ingested.pop(legacy)

@@ -20,14 +20,16 @@ from documents.services import document_delete, document_upload
 from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
 from ops.tasks import compact_fulltext, maintain_fulltext
-from raglib import analysis
+from raglib import analysis, forward
 from raglib.bm25 import allot_postings, score_terms
 from raglib.lexicon import DictionaryBlock, Entry, encode_dictionary, unpack_dictionary_block
 from raglib.postings import decode_blocks, dense_norms
 from search import bm25, segment_cache, segments
+from search.chunk_terms import reanalysed
 from search.retrieval import fulltext_search
 from search.segment_cache import DICTIONARIES, SegmentDictionaries
 from tests.sample_docs import MEDICAL_TEXTS
+from tests.search.oracle import engine_terms
 
 TEXTS = MEDICAL_TEXTS
 QUERIES = ["高血压能吃党参吗", "乙肝 肝功能 复查", "hypertension blood pressure", "肝", "饮食 控制"]
@@ -56,6 +58,16 @@ def _compacted_kb(kb: KnowledgeBase, count: int, *, every: int, spread: int) -> 
         for i in range(count))
     segments.compact(kb.id)
     return kb, document
+
+
+def _restore_search_vectors(cursor: Any, kb: KnowledgeBase) -> None:
+    """把分块的 tsvector 写回分块行（search.0016 之前的样子，按原文重新切词），绕过触发器：测旧迁移的回填用。"""
+    cursor.execute("SELECT id FROM document_chunks WHERE knowledge_base_id = %s", [kb.id])
+    vectors = reanalysed(cursor, [int(row[0]) for row in cursor.fetchall()])
+    cursor.execute("SET LOCAL session_replication_role = replica")
+    cursor.execute("UPDATE document_chunks c SET search_vector = v.sv FROM unnest(%s::bigint[], %s::text[]) v(id, sv)"
+                   " WHERE c.id = v.id", [list(vectors), list(vectors.values())])
+    cursor.execute("SET LOCAL session_replication_role = DEFAULT")
 
 
 def _count(table: str, kb: KnowledgeBase) -> int:
@@ -176,14 +188,21 @@ def test_upgrade_backfills_put_existing_chunks_into_l0_and_record_their_document
         for table in ("fulltext_l0", "fulltext_docs", "fulltext_deleted", "fulltext_blocks", "fulltext_dictionary",
                       "fulltext_prefixes", "fulltext_segments"):
             cursor.execute(f"DELETE FROM {table} WHERE knowledge_base_id = %s", [in_l0.id])
-        # 0008 时 L0 还没有 document_id 这一列：暂时去掉它的非空约束代替；分块的词位那时还是 tsvector 列
-        # （documents.0013 才改存文本），暂时改回去（都在测试的事务里，结束时回滚；改表前先让延迟的外键检查跑完）
+        # 0008 时 L0 还没有 document_id 这一列：暂时去掉它的非空约束代替；分块的词位那时存在分块行里、还是 tsvector
+        # 列（documents.0013 才改存文本，search.0016 起不再存）：绕过触发器写回去、暂时改回那时的类型
+        # （都在测试的事务里，结束时回滚；改表前先让延迟的外键检查跑完）
         cursor.execute("ALTER TABLE fulltext_l0 ALTER COLUMN document_id DROP NOT NULL")
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        _restore_search_vectors(cursor, in_l0)
+        # 改列的类型前先去掉 WHEN 条件里用到这一列的触发器（之后不再写分块，随事务回滚回来）
+        cursor.execute("DROP TRIGGER document_chunks_fulltext_update ON document_chunks")
         cursor.execute("ALTER TABLE document_chunks ALTER COLUMN search_vector TYPE tsvector"
                        " USING search_vector::tsvector")
         cursor.execute(importlib.import_module("search.migrations.0008_fulltext_segments").BACKFILL_SQL)
         cursor.execute("ALTER TABLE document_chunks ALTER COLUMN search_vector TYPE text USING search_vector::text")
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("UPDATE document_chunks SET search_vector = NULL WHERE knowledge_base_id = %s", [in_l0.id])
+        cursor.execute("SET LOCAL session_replication_role = DEFAULT")
         cursor.execute("SET CONSTRAINTS ALL DEFERRED")
         cursor.execute(BACKFILL_0010)
         cursor.execute("ALTER TABLE fulltext_l0 ALTER COLUMN document_id SET NOT NULL")
@@ -201,6 +220,40 @@ def test_upgrade_backfills_put_existing_chunks_into_l0_and_record_their_document
         cursor.execute(BACKFILL_0010)
     assert segments.mismatches(in_l0.id) == []
     assert _results(in_l0) == expected
+
+
+@pytest.mark.django_db
+def test_forward_index_backfill_of_0016(in_l0: KnowledgeBase, django_capture_on_commit_callbacks: Any) -> None:
+    """迁移 search.0016 的回填：已合并的分块从（那时还在的）tsvector 列得到正排，删除集的行从它的词位数组得到；
+    回填出的正排与合并时写的相同（删除集只比词位：那时它只存了词位）。"""
+    segments.compact(in_l0.id, batch=3)
+    document = Document.objects.filter(knowledge_base=in_l0).order_by("created_at").first()
+    assert document is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        document_delete(principal=SYSTEM_PRINCIPAL, document_id=document.id)
+
+    def deleted() -> dict[int, list[str]]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT ordinal, terms FROM fulltext_deleted WHERE knowledge_base_id = %s", [in_l0.id])
+            return {int(o): forward.decode(bytes(data)).lexemes for o, data in cursor.fetchall()}
+
+    merged, removed = engine_terms(in_l0.id), deleted()
+    assert merged and removed
+    with connection.cursor() as cursor:
+        # 回到 0016 之前的样子：正排还没有，删除集存词位数组，分块行里有 tsvector（都在测试的事务里，结束时回滚）
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("ALTER TABLE fulltext_docs ALTER COLUMN terms DROP NOT NULL")
+        cursor.execute("ALTER TABLE fulltext_deleted ALTER COLUMN terms DROP NOT NULL")
+        cursor.execute("ALTER TABLE fulltext_deleted ADD COLUMN lexemes text[]")
+        for ordinal, lexemes in removed.items():
+            cursor.execute("UPDATE fulltext_deleted SET lexemes = %s::text[], terms = NULL"
+                           " WHERE knowledge_base_id = %s AND ordinal = %s", [lexemes, in_l0.id, ordinal])
+        cursor.execute("UPDATE fulltext_docs SET terms = NULL WHERE knowledge_base_id = %s", [in_l0.id])
+        _restore_search_vectors(cursor, in_l0)
+    with connection.schema_editor() as editor:
+        importlib.import_module("search.migrations.0016_fulltext_forward_index").backfill(None, editor)
+    assert engine_terms(in_l0.id) == merged
+    assert deleted() == removed
 
 
 @pytest.mark.django_db

@@ -1,8 +1,9 @@
-"""``manage.py rebuild_fulltext``：改了全文切词设置（``RAG_FULLTEXT_ANALYZER``）后，按新设置重算分块的 tsvector。
+"""``manage.py rebuild_fulltext``：改了全文切词设置（``RAG_FULLTEXT_ANALYZER``）后，按新设置对分块的原文重新切词、
+重新登记进全文引擎。
 
 经全文引擎的 ``index``（:func:`search.retrieval.fulltext_engine`）：不重新解析、不重新向量化；
-PostgreSQL 实现分批 UPDATE，触发器在同一事务里把分块换进 L0，最后合并成段；检索在重算期间照常可用
-（同一知识库里新旧切法的分块会短暂并存，重算完即一致）。
+PostgreSQL 实现分批 UPDATE（带上新的 tsvector，过渡列），触发器在同一事务里把分块撤出、换进 L0，最后合并成段；
+检索在重算期间照常可用（同一知识库里新旧切法的分块会短暂并存，重算完即一致）。
 """
 
 from __future__ import annotations
