@@ -355,7 +355,8 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
     """COPY 用的行。每个分块的元数据 = 文档元数据 + 文件名、序号、标题路径、位置、字符偏移。
 
     ``search_vector`` 是 tsvector 字面量（COPY 文本格式直接接受）：标题部分权重 A，正文权重 B；
-    ``search_length`` 是其中的词数（BM25 的文档长度）。知识库的 BM25 统计由表上的触发器随 COPY 一起更新。
+    ``search_length`` 是其中的词数（BM25 的文档长度）。表上的触发器随 COPY 把它们登记进全文引擎，
+    ``search_vector`` 随即置空，不存在分块行里（过渡列，见 ``search/sql/fulltext_stats_maintain.v6.sql``）。
     """
     starts, places = _locations(parsed)
     now = timezone.now()

@@ -226,10 +226,22 @@ def test_query_of_only_common_terms_still_returns_results(kb_factory: Any, fake_
 
 
 @pytest.mark.django_db
-def test_ts_rank_cd_stays_selectable(medical: KnowledgeBase, settings: Any) -> None:
+@pytest.mark.parametrize("query", ["乙肝 复查", '"乙肝病毒" 复查', "高血压 -党参"])
+def test_ts_rank_cd_stays_selectable(medical: KnowledgeBase, settings: Any, query: str) -> None:
+    """``ts_rank_cd`` 排序在 BM25 的候选上重排（分块不存 tsvector，对原文重新切词）：小库里与逐块扫全库、
+    按 ``ts_rank_cd`` 排出的前 10 名相同。"""
     settings.FULLTEXT_RANKING = "ts_rank_cd"
-    hits = fulltext_search(medical, parse_query("乙肝 复查"), SearchFilters(), limit=10).hits
+    parsed = parse_query(query)
+    hits = fulltext_search(medical, parsed, SearchFilters(), limit=10).hits
     assert hits and all(0 < hit.value <= 1 for hit in hits)
+    vectors = chunk_vectors(medical.id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT v.id, ts_rank_cd(v.sv::tsvector, %s::tsquery, 32) AS rank"
+                       " FROM unnest(%s::bigint[], %s::text[]) AS v(id, sv) WHERE v.sv::tsvector @@ %s::tsquery"
+                       " ORDER BY rank DESC, v.id LIMIT 10",
+                       [parsed.rank_tsquery or parsed.tsquery, list(vectors), list(vectors.values()), parsed.tsquery])
+        expected = cursor.fetchall()
+    assert [(hit.chunk_id, pytest.approx(hit.value)) for hit in hits] == [(int(i), rank) for i, rank in expected]
 
 
 @pytest.mark.django_db
