@@ -49,7 +49,7 @@ from psycopg.pq import TransactionStatus
 
 from infra.routers import fetchall_prepared, search_connection
 from raglib import forward
-from raglib.analysis import ParsedQuery, QueryTerm
+from raglib.analysis import ParsedQuery, QueryTerm, quote_lexeme
 from raglib.bm25 import Bm25Params, TermRead, allot_postings, chunk_score, coverage, max_score, score_terms
 from raglib.lexicon import Entry
 from raglib.postings import (
@@ -234,10 +234,11 @@ def _deleted_terms(cursor: Any, kb_id: uuid.UUID, exact: list[str],
     return deleted, removed
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=4096)
 def _deleted_lexemes(data: bytes) -> frozenset[str]:
     """删除集里一个正排的词位。按正排的内容缓存（序号在整库重建后会重用，内容不会认错）：还没折叠的删除在下一次合并
-    之前每个查询都要数一遍，解码一个约 30 µs，缓存里的只要一次哈希。"""
+    之前每个查询都要数一遍，解码一个约 30 µs，缓存里的只要一次哈希。还没折叠的删除通常只有几十个（每次合并都折叠），
+    4,096 个够用；一个约 200 个词位的集合占 10~20 KB，上限约 80 MB。"""
     return frozenset(forward.decode(data).lexemes)
 
 
@@ -275,22 +276,44 @@ def chunk_scores(kb_id: uuid.UUID, query: ParsedQuery, chunk_ids: Sequence[int],
     exact = [t.term.lexeme for t in terms if not t.term.prefix]
     prefixes = [t.term.lexeme for t in terms if t.term.prefix]
     with search_connection().cursor() as cursor:
-        cursor.execute(
-            "SELECT chunk_id, length, terms, NULL::text[], NULL::int2[], NULL::int2[] FROM fulltext_docs"
-            " WHERE knowledge_base_id = %s AND chunk_id = ANY(%s::bigint[])"
-            " UNION ALL SELECT chunk_id, length, NULL, lexemes, title_tf, body_tf FROM fulltext_l0"
-            " WHERE knowledge_base_id = %s AND chunk_id = ANY(%s::bigint[])",
-            [kb_id, list(chunk_ids), kb_id, list(chunk_ids)])
-        rows = cursor.fetchall()
-    for chunk_id, length, data, lexemes, titles, bodies in rows:
-        chunk_terms = forward.decode(bytes(data)) if data is not None \
-            else forward.ForwardTerms.from_columns(lexemes, titles, bodies)
+        registered = _registered_terms(cursor, kb_id, chunk_ids)
+    for chunk_id, (length, chunk_terms) in registered.items():
         found = chunk_terms.select(exact, prefixes)
         if found:
             # 与段里存的口径相同：词频各封顶在一个字节（正排本来就截过），长度取量化后的值，
             # 两条路给同一个分块的分数才一致
-            scores[int(chunk_id)] = chunk_score(terms, found, quantised_length(int(length)), params, statistics.avgdl)
+            scores[chunk_id] = chunk_score(terms, found, quantised_length(length), params, statistics.avgdl)
     return scores
+
+
+def _registered_terms(cursor: Any, kb_id: uuid.UUID,
+                      chunk_ids: Sequence[int]) -> dict[int, tuple[int, forward.ForwardTerms]]:
+    """这些分块登记在引擎里的 (词数, 词项)：已合并的解码序号表里的正排（约 30 µs 一个），还在 L0 的取 L0 的行；
+    一条语句、一个快照。不在引擎里的分块（父块、已删）不出现。"""
+    cursor.execute(
+        "SELECT chunk_id, length, terms, NULL::text[], NULL::int2[], NULL::int2[] FROM fulltext_docs"
+        " WHERE knowledge_base_id = %s AND chunk_id = ANY(%s::bigint[])"
+        " UNION ALL SELECT chunk_id, length, NULL, lexemes, title_tf, body_tf FROM fulltext_l0"
+        " WHERE knowledge_base_id = %s AND chunk_id = ANY(%s::bigint[])",
+        [kb_id, list(chunk_ids), kb_id, list(chunk_ids)])
+    return {int(chunk_id): (int(length), forward.decode(bytes(data)) if data is not None
+                            else forward.ForwardTerms.from_columns(lexemes, titles, bodies))
+            for chunk_id, length, data, lexemes, titles, bodies in cursor.fetchall()}
+
+
+def _matching(cursor: Any, kb_id: uuid.UUID, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
+    """这些分块里满足 tsquery 的。没有短语算符（``<->``、``<N>``）的 tsquery 只看词在不在：用引擎登记的词项拼成
+    不带位置的 tsvector 判断（解码一个正排约 30 µs）；有短语算符的要位置，对原文重新切词（约 0.3 ms 一块，
+    :func:`search.chunk_terms.matching`）。词位里带 ``<`` 的查询也走重新切词：慢一些，结果一样。"""
+    if "<" in tsquery:
+        return matching(cursor, chunk_ids, tsquery)
+    registered = _registered_terms(cursor, kb_id, chunk_ids)
+    if not registered:
+        return set()
+    cursor.execute("SELECT v.id FROM unnest(%s::bigint[], %s::text[]) AS v(id, sv) WHERE v.sv::tsvector @@ %s::tsquery",
+                   [list(registered), [" ".join(map(quote_lexeme, terms.lexemes)) for _, terms in registered.values()],
+                    tsquery])
+    return {int(row[0]) for row in cursor.fetchall()}
 
 
 def _match_sql(query: ParsedQuery, scope: ChunkScope) -> tuple[str, list[Any]]:
@@ -585,7 +608,7 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
         # 元数据过滤、tsquery、exact 的原文包含：逐个候选按主键回表（OFFSET 0 阻止展平：展平成连接时规划器低估候选数，
         # 曾把整个知识库的分块读出来做哈希连接，100k 分块时 125 ms，逐个回表 400 个只要几毫秒）
         # 短语、布尔查询是否满足 tsquery 不在这条 SQL 里查（分块不存 tsvector），取回范围内的候选后按分数顺序
-        # 对原文重新切词检查（_satisfying）
+        # 检查（_satisfying：只看词在不在的用引擎的正排，短语对原文重新切词）
         match, params = _match_sql(query, scope)
         check = (f"CROSS JOIN LATERAL (SELECT c.id FROM document_chunks c WHERE c.id = k.chunk_id AND {match}"
                  " OFFSET 0) c")
@@ -625,24 +648,26 @@ def _in_scope(cursor: Any, kb_id: uuid.UUID, query: ParsedQuery, scope: ChunkSco
             cursor.execute(sql, args)
             found = cursor.fetchall()
             if query.type != "plain":
-                found = _satisfying(cursor, query.tsquery, found, limit - len(hits))
+                found = _satisfying(cursor, kb_id, query.tsquery, found, limit - len(hits))
         hits += [PathHit(int(chunk_id), float(score)) for chunk_id, score in found]
         if len(hits) >= limit:
             break
     return hits
 
 
-def _satisfying(cursor: Any, tsquery: str, found: Sequence[tuple[Any, Any]], need: int) -> list[tuple[Any, Any]]:
+def _satisfying(cursor: Any, kb_id: uuid.UUID, tsquery: str, found: Sequence[tuple[Any, Any]],
+                need: int) -> list[tuple[Any, Any]]:
     """按分数顺序排好的候选（分块 id, 分数）里满足 tsquery 的前 ``need`` 个。
 
-    分块不存 tsvector，检查要对原文重新切词（每块 0.2~0.6 ms）：一次只查 ``need`` 个（至少 ``_MATCH_STEP_MIN`` 个），
-    不够再查下一组，够数就停。候选已按必需词筛过（:func:`_with_required`），排在前面的多半都满足。
+    分块不存 tsvector（:func:`_matching`：短语要对原文重新切词，每块 0.2~0.6 ms）：一次只查 ``need`` 个（至少
+    ``_MATCH_STEP_MIN`` 个），不够再查下一组，够数就停。候选已按必需词筛过（:func:`_with_required`），
+    排在前面的多半都满足。
     """
     kept: list[tuple[Any, Any]] = []
     start, step = 0, max(need, _MATCH_STEP_MIN)
     while start < len(found) and len(kept) < need:
         group = found[start:start + step]
-        satisfied = matching(cursor, [int(chunk_id) for chunk_id, _ in group], tsquery)
+        satisfied = _matching(cursor, kb_id, [int(chunk_id) for chunk_id, _ in group], tsquery)
         kept += [row for row in group if int(row[0]) in satisfied]
         start += step
     return kept[:need]
@@ -680,9 +705,9 @@ class PostgresFulltextEngine:
                statistics: Bm25Statistics) -> dict[int, float]:
         return chunk_scores(kb_id, query, chunk_ids, statistics)
 
-    def matching(self, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
+    def matching(self, kb_id: uuid.UUID, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
         with search_connection().cursor() as cursor:
-            return matching(cursor, chunk_ids, tsquery)
+            return _matching(cursor, kb_id, chunk_ids, tsquery)
 
     def statistics(self, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:
         return load_statistics(kb_id, terms)

@@ -167,8 +167,8 @@ class FulltextEngine(Protocol):
         """知识库里指定分块在这个查询上的完整分数（与 ``search`` 同一个公式、同一份统计），不含任何查询词的分块为 0。"""
         ...
 
-    def matching(self, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
-        """这些分块里满足 tsquery（可含短语、``!`` 排除）的；向量一路的 ``-词`` 排除用它。"""
+    def matching(self, kb_id: uuid.UUID, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
+        """知识库里这些分块中满足 tsquery（可含短语、``!`` 排除）的；向量一路的 ``-词`` 排除用它。"""
         ...
 
     def statistics(self, kb_id: uuid.UUID, terms: Sequence[QueryTerm]) -> Bm25Statistics:

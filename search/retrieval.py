@@ -125,16 +125,16 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
     while True:
         rows, method = ann.ann_search(kb, query=query, scope=scope, params=params, limit=depth, exact=exact,
                                       index=index, chunks=chunks)
-        excluded = _excluded([chunk_id for chunk_id, _ in rows], exclude) if exclude else set()
+        excluded = _excluded(kb, [chunk_id for chunk_id, _ in rows], exclude) if exclude else set()
         kept = [PathHit(chunk_id, distance) for chunk_id, distance in rows if chunk_id not in excluded]
         if len(kept) >= limit or len(rows) < depth:
             return kept[:limit], method
         depth *= 4
 
 
-def _excluded(chunk_ids: Sequence[int], exclude: str) -> set[int]:
-    """这些分块里满足排除式（tsquery）的：引擎对候选的原文重新切词来判断（分块不存 tsvector）。"""
-    return fulltext_engine().matching(chunk_ids, exclude) if chunk_ids else set()
+def _excluded(kb: KnowledgeBase, chunk_ids: Sequence[int], exclude: str) -> set[int]:
+    """这些分块里满足排除式（tsquery）的：由引擎按它登记的词项判断（排除式含短语时对原文重新切词）。"""
+    return fulltext_engine().matching(kb.id, chunk_ids, exclude) if chunk_ids else set()
 
 
 def vector_literal(vector: np.ndarray) -> str:
