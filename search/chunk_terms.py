@@ -3,8 +3,9 @@
 引擎不存分块的 tsvector（``search/sql/fulltext_stats_maintain.v6.sql``：``search_vector`` 只是写入时的过渡列），
 所以要位置或要重新登记时，从分块的原文与元数据重新切：
 
-- 短语、布尔、exact 查询回表时检查候选是否满足 tsquery（:func:`matching`，``search.bm25``），向量一路的 ``-词``
-  排除也是它；候选已按分数排好，够数就停，一批几十个，每块 0.2~0.6 ms（``bench/pages/fulltext_engine.md``）；
+- 短语查询（含短语算符的 tsquery）回表时检查候选是否满足它（:func:`matching`，``search.bm25``；只看词在不在的
+  查询用引擎登记的词项，不到这里）；候选已按分数排好，够数就停，一批几十个，每块 0.2~0.6 ms
+  （``bench/pages/fulltext_engine.md``）；
 - ``ts_rank_cd`` 排序要位置（:func:`reanalysed`）；
 - 改了切词设置之后重新登记全部分块（:func:`reindex_chunks`，``manage.py rebuild_fulltext``），以及整库重建
   （``search.segments.rebuild``）。
