@@ -119,8 +119,8 @@ def vector_search(kb: KnowledgeBase, query_vector: np.ndarray, filters: SearchFi
     scope, params = _scope_sql(kb, filters)
     query = vector_literal(query_vector)
     # 排除 -词：按距离多取一些候选，去掉满足排除式的，不够 limit 再取更深（结果与逐行过滤相同：前 depth 个里
-    # 留下的就是过滤后的前几名）。不在 ANN 的 SQL 里逐行检查：分块的词位要解压、转回 tsvector（长分块每块约
-    # 45 微秒），精确扫描会对库里每一块都做一遍——1.3k 块的库每个查询多 60 ms
+    # 留下的就是过滤后的前几名）。分块行里没有词项（在全文引擎里：正排约 30 微秒解一个），没法在 ANN 的 SQL 里
+    # 逐行检查；只查候选，精确扫描也不必对库里每一块都做一遍
     depth = limit * 2 if exclude else limit
     while True:
         rows, method = ann.ann_search(kb, query=query, scope=scope, params=params, limit=depth, exact=exact,
