@@ -65,7 +65,7 @@ from raglib.postings import (
     quantised_length,
 )
 from search import segments
-from search.chunk_terms import matching, reanalysed, reindex_chunks
+from search.chunk_terms import matching, reanalysed, reindex_chunks, satisfying
 from search.fulltext import Bm25Statistics, ChunkScope, FulltextHits, PathHit
 from search.segment_cache import DICTIONARIES, PREFIX_END, SettledState, StaleSegments
 
@@ -308,12 +308,8 @@ def _matching(cursor: Any, kb_id: uuid.UUID, chunk_ids: Sequence[int], tsquery: 
     if "<" in tsquery:
         return matching(cursor, chunk_ids, tsquery)
     registered = _registered_terms(cursor, kb_id, chunk_ids)
-    if not registered:
-        return set()
-    cursor.execute("SELECT v.id FROM unnest(%s::bigint[], %s::text[]) AS v(id, sv) WHERE v.sv::tsvector @@ %s::tsquery",
-                   [list(registered), [" ".join(map(quote_lexeme, terms.lexemes)) for _, terms in registered.values()],
-                    tsquery])
-    return {int(row[0]) for row in cursor.fetchall()}
+    return satisfying(cursor, {chunk_id: " ".join(map(quote_lexeme, terms.lexemes))
+                               for chunk_id, (_, terms) in registered.items()}, tsquery)
 
 
 def _match_sql(query: ParsedQuery, scope: ChunkScope) -> tuple[str, list[Any]]:
@@ -673,7 +669,7 @@ def _satisfying(cursor: Any, kb_id: uuid.UUID, tsquery: str, found: Sequence[tup
     return kept[:need]
 
 
-# 短语、布尔、exact 查询回表时一次至少对这么多个候选重新切词检查
+# 短语、布尔、exact 查询回表时一次至少检查这么多个候选（_matching）
 _MATCH_STEP_MIN = 10
 
 

@@ -52,7 +52,11 @@ def reanalysed(cursor: Any, chunk_ids: Sequence[int]) -> dict[int, str]:
 
 def matching(cursor: Any, chunk_ids: Sequence[int], tsquery: str) -> set[int]:
     """这些分块里满足 tsquery 的（按原文重新切词、带位置，短语的 ``<->`` 照常判断）。"""
-    vectors = reanalysed(cursor, chunk_ids)
+    return satisfying(cursor, reanalysed(cursor, chunk_ids), tsquery)
+
+
+def satisfying(cursor: Any, vectors: dict[int, str], tsquery: str) -> set[int]:
+    """分块 id → tsvector 字面量里，满足 tsquery 的那些 id（在 PostgreSQL 里 ``@@``，一条语句）。"""
     if not vectors:
         return set()
     cursor.execute("SELECT v.id FROM unnest(%s::bigint[], %s::text[]) AS v(id, sv) WHERE v.sv::tsvector @@ %s::tsquery",
