@@ -19,8 +19,9 @@
    比值才不被表的增长带偏。
 2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
    ``--maintained`` 再把这个库当作已经闲下来、定时维护（``ops.tasks.maintain_fulltext``）跑过：按它的规则并段
-   （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、重建停在
-   高峰的索引（``shrink_indexes``；旧代码树上是只管 L0 的 ``shrink_l0``），计时；大小与查询量的是维护之后的样子。
+   （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、并过之后把
+   段的表重写紧凑（``repack_tables``，旧代码树上没有）、重建停在高峰的索引（``shrink_indexes``；旧代码树上是只管 L0
+   的 ``shrink_l0``），计时；大小与查询量的是维护之后的样子。
 3. 大小：名字以 ``fulltext_`` 开头的每张表（含索引与 TOAST，``pg_total_relation_size``）与其中存活的行数据之和，
    另列 tsvector 列（``sum(pg_column_size(search_vector))``；``search.0016`` 起它是过渡列，存下来是 NULL，
    分块的正排在序号表里、已计入引擎的表）与它的 GIN 索引（``documents.0011`` 删掉了它，旧代码树上才有）；
@@ -484,7 +485,7 @@ def vacuum() -> None:
 
 
 def maintain(kb: KnowledgeBase) -> dict[str, Any] | None:
-    """库闲下来之后定时维护做的事：按它的规则并段、重建停在高峰的索引，各自计时；再 VACUUM ANALYZE。
+    """库闲下来之后定时维护做的事：按它的规则并段、把段的表重写紧凑、重建停在高峰的索引，各自计时；再 VACUUM ANALYZE。
     没有 ``merge_idle`` 的代码树跳过。"""
     if SEGMENTS is None or not hasattr(SEGMENTS, "merge_idle"):
         print("  定时维护：这个代码树没有，跳过", flush=True)
@@ -498,13 +499,21 @@ def maintain(kb: KnowledgeBase) -> dict[str, Any] | None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  闲时并段：{before} 个段并掉 {result.merged} 个、写出 {result.segments} 个，{seconds:.1f} s"
           f"（进程峰值 {peak_mb:,.0f} MB）", flush=True)
+    repack = getattr(SEGMENTS, "repack_tables", None)
+    repacked: list[str] = []
+    started = time.perf_counter()
+    if repack is not None and result.merged:
+        repacked = repack()
+    repack_seconds = time.perf_counter() - started
+    print(f"  重写段的表：{', '.join(repacked) or '没有'}，{repack_seconds:.1f} s", flush=True)
     started = time.perf_counter()
     l0_before, l0_after = _shrink_indexes() or (0, 0)
     shrink_seconds = time.perf_counter() - started
     print(f"  索引重建：{l0_before / 2**20:,.1f} → {l0_after / 2**20:,.1f} MB，{shrink_seconds:.1f} s", flush=True)
     vacuum()
     return {"segments_before": before, "merged": result.merged, "written": result.segments,
-            "merge_seconds": round(seconds, 2), "peak_rss_mb": round(peak_mb), "l0_bytes_before": l0_before,
+            "merge_seconds": round(seconds, 2), "peak_rss_mb": round(peak_mb), "repacked": repacked,
+            "repack_seconds": round(repack_seconds, 2), "l0_bytes_before": l0_before,
             "l0_bytes_after": l0_after, "shrink_seconds": round(shrink_seconds, 2)}
 
 

@@ -98,7 +98,7 @@ def compact_fulltext(kb_id: str | None = None, due_only: bool = False, request_i
 
 def maintain_fulltext() -> None:
     """全文引擎的定时维护，幂等：闲下来的知识库把批量写入留下的几个段并成大段（``search.segments.merge_idle``，
-    ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 为 0 时不并），并过之后段的表还小时重写紧凑（``repack_small_tables``）；
+    ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 为 0 时不并），并过之后把段的表重写紧凑（``repack_tables``）；
     引擎各表的索引远大于按现有的行估出的大小时重建回去（``shrink_indexes``，别的进程正在重建时跳过）。"""
     with task_context("fulltext_maintenance", None):
         merged = False
@@ -109,8 +109,9 @@ def maintain_fulltext() -> None:
                     merged = True
                     logger.info("fulltext_idle_merged", kb_id=str(kb_id), merged=result.merged,
                                 segments=result.segments, purged=result.purged)
-        if merged and segments.repack_small_tables():
-            logger.info("fulltext_tables_repacked")
+        repacked = segments.repack_tables() if merged else []
+        if repacked:
+            logger.info("fulltext_tables_repacked", tables=repacked)
         shrunk = segments.shrink_indexes()
         if shrunk:
             logger.info("fulltext_indexes_shrunk", bytes_before=shrunk[0], bytes_after=shrunk[1])

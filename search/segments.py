@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
+from psycopg import sql as psql
 
 from infra.locks import advisory_lock
 from raglib import forward
@@ -302,7 +303,7 @@ def settle(kb_id: uuid.UUID) -> CompactResult:
     ``manage.py evaluate`` 摄取完调用它，量的是稳态下的知识库。排序不变（FULLTEXT-MAINTENANCE-NEUTRAL）。"""
     result = compact(kb_id) + merge_idle(kb_id)
     if result.merged:
-        repack_small_tables()
+        repack_tables()
     shrink_indexes()
     return result
 
@@ -496,34 +497,116 @@ def _union(parts: Sequence[tuple[list[str], Postings]]) -> tuple[list[str], Post
     return lexemes, Postings.concat(remapped) if remapped else Postings.empty()
 
 
-# 段的表（词典、倒排块、首字 df、序号、删除集）合计小于这么多字节时，并段之后用 VACUUM FULL 重写紧凑。并段先写新段、
-# 再删旧段，旧段的页只留给以后的写入复用，文件不会变小：一个摄取完就不再写的小库（cmrc2018 的 1,311 块）并成一个段后，
-# 这几张表 13.7 MB 里只有 5.6 MB 是活的。VACUUM FULL 要排他锁，这个大小只锁 0.1 s 左右；大库不做，空页由之后的写入复用
+# 段的表（词典、倒排块、首字 df、序号、删除集）合计小于这么多字节时，并段之后用 VACUUM FULL 逐张重写紧凑。并段先写
+# 新段、再删旧段，旧段的页只留给以后的写入复用，文件不会变小：一个摄取完就不再写的小库（cmrc2018 的 1,311 块）并成
+# 一个段后，这几张表 13.7 MB 里只有 5.6 MB 是活的。VACUUM FULL 整张表重写期间都要排他锁，这个大小只锁 0.1 s 左右；
+# 更大的库改用拷贝换表（:func:`_swap_merged_tables`），只在换表的一刻挡查询
 REPACK_MAX_BYTES = 64 * 1024 * 1024
 _SEGMENT_TABLES = ("fulltext_dictionary", "fulltext_blocks", "fulltext_prefixes", "fulltext_docs", "fulltext_segments",
                    "fulltext_deleted", "fulltext_deleted_terms")
+# 只有并段（与合并，都先锁住知识库的统计行）和整库删除写的表：并段的空页全在这里（10 万块的基准库闲时并段之后词典与
+# 倒排块的堆约是存活的行的两倍，bench/pages/fulltext_engine.md）。拷贝换表只换这几张；查询的快照事务开头先锁住它们
+# （search.bm25._snapshot_cursor），换表时正在读的查询读完旧表、之后开始的读新表
+MERGED_TABLES = ("fulltext_dictionary", "fulltext_blocks", "fulltext_prefixes")
+# 表（含 TOAST）比存活的行紧凑地放下要的字节大这么多倍、且超过 INDEX_SHRINK_MIN_BYTES 时才拷贝换表：与索引的门槛相同，
+# 零星并段的稳态在它之下，闲时并段把全部段并成一个（约 2 倍）在它之上
+_HEAP_BLOAT_RATIO = 1.5
+# 换表时等锁最多这么久：等不到（有长事务在读或在写）就整个放弃，下一轮维护再来
+_SWAP_LOCK_TIMEOUT = "2s"
+_PAGE_BYTES = 8192
+# 表 c 的堆与 TOAST 的字节（主文件）
+_HEAP_BYTES_SQL = "pg_relation_size(c.oid) + coalesce(pg_relation_size(nullif(c.reltoastrelid, 0)), 0)"
 
 
-def repack_small_tables() -> bool:
-    """段的表合计小于 ``REPACK_MAX_BYTES`` 时 VACUUM FULL 逐张重写（并段留下的空页还给文件系统）；返回是否做了。
-    每张表的排他锁最多等 2 s（等不到就跳过，下次再来），不在调用方的事务里执行（测试里什么也不做）。"""
+def repack_tables() -> list[str]:
+    """并段之后把段的表重写紧凑（并段留下的空页还给文件系统），返回重写了的表；不在调用方的事务里执行（测试里
+    什么也不做）。段的表合计小于 ``REPACK_MAX_BYTES`` 时 VACUUM FULL 逐张重写；更大时只对空页多的并段表
+    （:data:`MERGED_TABLES`）拷贝换表。都不改任何一行的内容。等锁超时（有长事务在用这些表）就跳过，下次再来。"""
     if connection.in_atomic_block:
-        return False
+        return []
     with connection.cursor() as cursor:
         cursor.execute("SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
                        " WHERE c.relname = ANY(%s) AND c.relnamespace = 'public'::regnamespace",
                        [list(_SEGMENT_TABLES)])
-        if int(cursor.fetchone()[0]) >= REPACK_MAX_BYTES:
-            return False
-        cursor.execute("SET lock_timeout = '2s'")
-        try:
-            for table in _SEGMENT_TABLES:
-                cursor.execute(f"VACUUM FULL {table}")
-        except OperationalError:
-            return False  # 等锁超时：有长事务在用这张表，下一轮再来
-        finally:
-            cursor.execute("RESET lock_timeout")
-    return True
+        small = int(cursor.fetchone()[0]) < REPACK_MAX_BYTES
+        if small:
+            cursor.execute(f"SET lock_timeout = '{_SWAP_LOCK_TIMEOUT}'")
+            try:
+                for table in _SEGMENT_TABLES:
+                    cursor.execute(f"VACUUM FULL {table}")
+            except OperationalError:
+                return []  # 等锁超时：有长事务在用这张表，下一轮再来
+            finally:
+                cursor.execute("RESET lock_timeout")
+            return list(_SEGMENT_TABLES)
+        bloated = [table for table in MERGED_TABLES if _heap_bloated(cursor, table)]
+    if not bloated:
+        return []
+    try:
+        _swap_merged_tables(bloated)
+    except OperationalError:
+        return []  # 等锁超时或死锁检测选中了这里：什么也没改，下一轮再来
+    return bloated
+
+
+def _heap_bloated(cursor: Any, table: str) -> bool:
+    """表的数据（堆与 TOAST，不含空闲空间映射与可见性图这两个小附属文件）比它存活的行紧凑地放下要的字节（行本身加
+    4 字节的行指针，按整页算）大 ``_HEAP_BLOAT_RATIO`` 倍以上。
+    存活的行要扫一遍表（10 万块的词典约 0.1 s），所以只在并过段之后看。"""
+    cursor.execute(psql.SQL("SELECT {}, x.n, x.live FROM pg_class c, (SELECT count(*) AS n,"
+                            " coalesce(sum(pg_column_size(t.*)), 0) AS live FROM {} t) x WHERE c.oid = %s::regclass")
+                   .format(psql.SQL(_HEAP_BYTES_SQL), psql.Identifier(table)), [table])
+    size, rows, live = (int(value) for value in cursor.fetchone())
+    pages = math.ceil((live + 4 * rows) / (_PAGE_BYTES - 24))  # 页头 24 字节
+    return size > max(INDEX_SHRINK_MIN_BYTES, _HEAP_BLOAT_RATIO * pages * _PAGE_BYTES)
+
+
+def _swap_merged_tables(tables: Sequence[str]) -> None:
+    """拷贝换表：在一个事务里把 ``tables`` 各自的行按主键顺序拷进一张新表、建好主键，再删掉旧表、新表改成原名。
+
+    - 写：先以 EXCLUSIVE 锁住知识库统计行的表——合并、并段、建统计行、整库删除都要先锁它（行锁或写），于是都等到
+      换完；已在进行的等锁超时放弃。这几张表再加 SHARE 锁（挡住一切写，不挡读），拷贝出的就是换表时的全部内容。
+    - 读：拷贝期间照常读旧表。换表要 ACCESS EXCLUSIVE，只等正在读的查询读完，换完新查询读新表。新表的行是这个
+      事务写的，更早开始的 REPEATABLE READ 快照看不见它们：查询的快照事务因此在取快照之前先锁住这几张表
+      （``search.bm25._snapshot_cursor``，PostgreSQL 文档里 LOCK 的用法），锁在换表之前的读完旧表，之后的快照
+      在换表提交之后、看得见新表。
+    - 表的形状照旧：``LIKE … INCLUDING ALL`` 带上列、非空、存储与压缩设置，主键在拷贝之后按原定义建、改回原名
+      （``tests/search/test_engine_sql.py`` 核对库里的表与存储文件一致）。这几张表没有外键、触发器与依赖它们的视图，
+      引用它们的函数是 PL/pgSQL（按名字解析），预备语句在表换了之后重新规划。
+    """
+    quote = connection.ops.quote_name
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{_SWAP_LOCK_TIMEOUT}'")
+        cursor.execute("LOCK TABLE fulltext_kb_stats IN EXCLUSIVE MODE")
+        cursor.execute(f"LOCK TABLE {', '.join(map(quote, tables))} IN SHARE MODE")
+        keys = {}
+        for table in tables:
+            cursor.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                           " WHERE conrelid = %s::regclass AND contype = 'p'", [table])
+            ((name, definition),) = cursor.fetchall()
+            keys[table] = name
+            fresh = quote(f"{table}_repacked")
+            cursor.execute(f"CREATE TABLE {fresh} (LIKE {quote(table)} INCLUDING ALL EXCLUDING INDEXES)")
+            cursor.execute(psql.SQL("INSERT INTO {} SELECT * FROM {} ORDER BY {}").format(
+                psql.Identifier(f"{table}_repacked"), psql.Identifier(table), psql.SQL(_key_columns(definition))))
+            cursor.execute(f"ALTER TABLE {fresh} ADD CONSTRAINT {quote(f'{table}_repacked_pkey')} {definition}")
+            cursor.execute(f"ANALYZE {fresh}")  # 换上去的那一刻就有统计：没有统计的表规划器按页数瞎估
+        # 拷贝都做完才挡读：换表这几条语句只改目录
+        cursor.execute(f"LOCK TABLE {', '.join(map(quote, tables))} IN ACCESS EXCLUSIVE MODE")
+        for table, name in keys.items():
+            cursor.execute(f"DROP TABLE {quote(table)}")
+            cursor.execute(f"ALTER TABLE {quote(f'{table}_repacked')} RENAME TO {quote(table)}")
+            cursor.execute(f"ALTER TABLE {quote(table)} RENAME CONSTRAINT {quote(f'{table}_repacked_pkey')}"
+                           f" TO {quote(name)}")
+    with connection.cursor() as cursor:
+        for table in tables:
+            # 新表的行都是一个事务写的：VACUUM 一遍设好提示位与可见性图，免得换上之后第一批查询逐页去设
+            cursor.execute(f"VACUUM {quote(table)}")
+
+
+def _key_columns(definition: str) -> str:
+    """``PRIMARY KEY (a, b, c)`` 里的列。"""
+    return definition[definition.index("(") + 1:definition.rindex(")")]
 
 
 # 引擎各表的索引停在批量写入与并段的高峰：B 树删掉的条目留下的空页只在 VACUUM 之后复用，GIN 更是几乎不缩，

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import io
 import itertools
+import threading
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -781,27 +783,94 @@ def test_idle_merges_take_the_newest_segments_without_rewriting_a_big_one_for_a_
     assert run([5_000]) is None and run([]) is None
 
 
+def _tables_bytes(tables: Sequence[str]) -> int:
+    """表的数据与索引（主文件）：VACUUM 给小表添的空闲空间映射（3 页）比这里的表本身还大，不算。"""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT sum({segments._HEAP_BYTES_SQL} + pg_indexes_size(c.oid)) FROM pg_class c"
+                       " WHERE c.relname = ANY(%s)", [list(tables)])
+        return int(cursor.fetchone()[0])
+
+
+def _constraints(tables: Sequence[str]) -> list[tuple[str, str, str, str]]:
+    """这几张表的约束（表、名字、种类、定义；PostgreSQL 18 起非空也是有名字的约束）与索引（名字、定义）。"""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT conrelid::regclass::text, conname, contype::text, pg_get_constraintdef(oid)"
+                       " FROM pg_constraint WHERE conrelid = ANY(%s::regclass[])"
+                       " UNION ALL SELECT tablename, indexname, 'index', indexdef FROM pg_indexes"
+                       " WHERE tablename = ANY(%s) ORDER BY 1, 2, 3", [list(tables), list(tables)])
+        return [tuple(row) for row in cursor.fetchall()]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_small_segment_tables_are_repacked_after_a_merge(in_l0: KnowledgeBase, settings: Any,
+def test_small_segment_tables_are_repacked_after_a_merge(in_l0: KnowledgeBase,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """并段先写新段再删旧段，旧段的页只留给以后的写入：段的表还小时维护任务并过之后用 VACUUM FULL 重写紧凑，
-    文件变小、结果不变；表大了就不做（排他锁太久）。"""
-    def tables_bytes() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c WHERE c.relname = ANY(%s)",
-                           [list(segments._SEGMENT_TABLES)])
-            return int(cursor.fetchone()[0])
-
+    文件变小、结果不变。"""
     segments.compact(in_l0.id, batch=3)
     expected = _results(in_l0)
     assert segments.merge_idle(in_l0.id).merged == 3
-    monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
-    assert not segments.repack_small_tables()
-    before = tables_bytes()
-    monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 64 * 1024 * 1024)
-    assert segments.repack_small_tables()
-    assert tables_bytes() < before
+    before = _tables_bytes(segments._SEGMENT_TABLES)
+    assert segments.repack_tables() == list(segments._SEGMENT_TABLES)
+    assert _tables_bytes(segments._SEGMENT_TABLES) < before
     assert _results(in_l0) == expected and segments.mismatches(in_l0.id) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_big_merged_tables_are_swapped_for_compact_copies(kb_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """段的表大了（这里把门槛调成 0）就不用 VACUUM FULL（整个重写期间挡住查询），改成拷贝换表：空页多的并段表拷进
+    新表、换上，文件变小，表的形状（列、主键、非空约束的名字）与结果都不变，换过的表照常写。查询的快照事务开着时
+    等不到排他锁：等锁超时就放弃，什么也不改；查询结束后再来就换上。"""
+    monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
+    monkeypatch.setattr(segments, "INDEX_SHRINK_MIN_BYTES", 0)
+    monkeypatch.setattr(segments, "_SWAP_LOCK_TIMEOUT", "200ms")
+    kb = kb_factory()
+    document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
+                                       chunk_count=3000)
+    # 3,000 个各不相同的词（词典几十行、并段之后一半的页是空的）加一个人人都有的常见词（倒排块，只有两页）
+    DocumentChunk.objects.bulk_create(
+        DocumentChunk(knowledge_base=kb, document=document, chunk_index=i, chunk_text=f"条目{i}",
+                      search_vector=f"'t{i:05d}':1 'common':{2 + i % 3}", search_length=3) for i in range(3000))
+    assert segments.compact(kb.id, batch=1000).segments == 3
+    queries = ["common", "t00042", "t02999 t01000", "t0"]
+
+    def results() -> list[list[tuple[int, float]]]:
+        return [[(hit.chunk_id, round(hit.value, 9)) for hit in fulltext_search(
+            kb, analysis.parse_query(query, analyzer="bigram"), SearchFilters(), limit=20).hits] for query in queries]
+
+    expected = results()
+    assert segments.merge_idle(kb.id).merged == 3
+    shape = _constraints(segments.MERGED_TABLES)
+    before = _tables_bytes(segments.MERGED_TABLES)
+    reading, done = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        try:
+            with bm25._snapshot_cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM fulltext_dictionary")
+                reading.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert reading.wait(10)
+    try:
+        assert segments.repack_tables() == []
+    finally:
+        done.set()
+        thread.join()
+    assert _tables_bytes(segments.MERGED_TABLES) == before
+    repacked = segments.repack_tables()
+    assert "fulltext_dictionary" in repacked and set(repacked) <= set(segments.MERGED_TABLES)
+    assert _tables_bytes(segments.MERGED_TABLES) < before
+    assert _constraints(segments.MERGED_TABLES) == shape
+    assert results() == expected and segments.mismatches(kb.id) == []
+    assert segments.repack_tables() == []  # 刚换过的表不再有空页
+    DocumentChunk.objects.create(knowledge_base=kb, document=document, chunk_index=3000, chunk_text="后来的",
+                                 search_vector="'t00042':1 'late':2", search_length=2)
+    segments.compact(kb.id)
+    assert segments.merge_idle(kb.id).merged == 2 and segments.mismatches(kb.id) == []
 
 
 def test_a_settled_knowledge_base_is_searched_in_one_statement_that_checks_its_state(

@@ -59,10 +59,16 @@ class Command(BaseCommand):
                     break
         if options["merge"]:
             kbs = [kb_filter] if kb_filter else FulltextKbStats.objects.values_list("knowledge_base_id", flat=True)
+            rewritten = False
             for kb_id in list(kbs):
                 merged = segments.merge_all(kb_id)
+                rewritten = rewritten or merged.merged > 0
                 self.stdout.write(f"知识库 {kb_id}：{merged.merged} 个段并成 {merged.segments} 个，"
                                   f"清除已删 {merged.purged}")
+            # 并段留下的空页还给文件系统（与定时维护相同）
+            repacked = segments.repack_tables() if rewritten else []
+            if repacked:
+                self.stdout.write(f"重写紧凑：{', '.join(repacked)}")
         # 升级时全部分块都经过 L0：合并完把停在高峰的索引（L0 的 GIN 首当其冲）重建回去
         segments.shrink_indexes()
         self.stdout.write(f"完成：{done} 个分块，用时 {time.monotonic() - started:.1f} s")
