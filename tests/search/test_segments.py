@@ -818,8 +818,8 @@ def test_small_segment_tables_are_repacked_after_a_merge(in_l0: KnowledgeBase,
 @pytest.mark.django_db(transaction=True)
 def test_big_merged_tables_are_swapped_for_compact_copies(kb_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """段的表大了（这里把门槛调成 0）就不用 VACUUM FULL（整个重写期间挡住查询），改成拷贝换表：空页多的并段表拷进
-    新表、换上，文件变小，表的形状（列、主键、非空约束的名字）与结果都不变，换过的表照常写。查询的快照事务开着时
-    等不到排他锁：等锁超时就放弃，什么也不改；查询结束后再来就换上。"""
+    新表、换上，文件变小，表的形状（列、主键、非空约束的名字）与结果都不变，换过的表照常写。查询的快照事务或
+    合并开着时等不到锁：等锁超时就放弃，什么也不改；它们结束后再来就换上。"""
     monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
     monkeypatch.setattr(segments, "INDEX_SHRINK_MIN_BYTES", 0)
     monkeypatch.setattr(segments, "_SWAP_LOCK_TIMEOUT", "200ms")
@@ -841,25 +841,31 @@ def test_big_merged_tables_are_swapped_for_compact_copies(kb_factory: Any, monke
     assert segments.merge_idle(kb.id).merged == 3
     shape = _constraints(segments.MERGED_TABLES)
     before = _tables_bytes(segments.MERGED_TABLES)
-    reading, done = threading.Event(), threading.Event()
+    def holding(sql: str, params: list[Any], *, snapshot: bool) -> None:
+        """另一个连接开着一个事务（``snapshot``：查询的快照事务）、执行 ``sql`` 后不结束时，换表等锁超时、返回 []。"""
+        started, done = threading.Event(), threading.Event()
 
-    def reader() -> None:
+        def hold() -> None:
+            try:
+                with bm25._snapshot_cursor() if snapshot else transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    started.set()
+                    done.wait(10)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        assert started.wait(10)
         try:
-            with bm25._snapshot_cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM fulltext_dictionary")
-                reading.set()
-                done.wait(10)
+            assert segments.repack_tables() == []
         finally:
-            connection.close()
+            done.set()
+            thread.join()
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    assert reading.wait(10)
-    try:
-        assert segments.repack_tables() == []
-    finally:
-        done.set()
-        thread.join()
+    holding("SELECT count(*) FROM fulltext_dictionary", [], snapshot=True)  # 正在读的查询：换表的最后一刻等它读完
+    holding("SELECT 1 FROM fulltext_kb_stats WHERE knowledge_base_id = %s FOR UPDATE", [kb.id],  # 正在合并的库
+            snapshot=False)
     assert _tables_bytes(segments.MERGED_TABLES) == before
     repacked = segments.repack_tables()
     assert "fulltext_dictionary" in repacked and set(repacked) <= set(segments.MERGED_TABLES)
