@@ -402,12 +402,18 @@ def test_two_writers_and_a_running_compaction_keep_exact_statistics(kb_factory: 
                                                                       settings: Any,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """两个线程（各自的数据库连接）同时向同一知识库摄取、删除，第三个线程不停地合并：写入只追加 L0 行、不排队等
-    任何共享的行，删除与合并交错（被合并取走的 L0 行、已进段的分块）也不丢、不重。"""
+    任何共享的行，删除与合并交错（被合并取走的 L0 行、已进段的分块）也不丢、不重。第四个线程不停地把并段表拷贝换表
+    （门槛调成 0），第五个不停地查：换表与合并、写入、查询交错，谁也不报错，最后的统计照样精确。"""
     settings.FULLTEXT_L0_MAX_CHUNKS = 1000  # 合并只由第三个线程做
     monkeypatch.setattr(segments, "MERGE_FACTOR", 2)
+    monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
+    monkeypatch.setattr(segments, "INDEX_SHRINK_MIN_BYTES", 0)
+    monkeypatch.setattr(segments, "_HEAP_BLOAT_RATIO", 0.0)  # 每一轮都换
+    monkeypatch.setattr(segments, "_SWAP_LOCK_TIMEOUT", "100ms")
     kb = kb_factory()
     errors: list[BaseException] = []
-    barrier = threading.Barrier(3)
+    swaps: list[list[str]] = []
+    barrier = threading.Barrier(5)
     writing = threading.Event()
     writing.set()
 
@@ -438,15 +444,37 @@ def test_two_writers_and_a_running_compaction_keep_exact_statistics(kb_factory: 
         finally:
             close_old_connections()
 
+    def repacker() -> None:
+        try:
+            barrier.wait()
+            while writing.is_set():
+                swaps.append(segments.repack_tables())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            close_old_connections()
+
+    def searcher() -> None:
+        try:
+            barrier.wait()
+            while writing.is_set():
+                fulltext_search(kb, parse_query("高血压 饮食 编号"), SearchFilters(), limit=10)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            close_old_connections()
+
     threads = [threading.Thread(target=worker(offset)) for offset in (0, 3)]
-    merger = threading.Thread(target=compactor)
-    for thread in [*threads, merger]:
+    others = [threading.Thread(target=target) for target in (compactor, repacker, searcher)]
+    for thread in [*threads, *others]:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
     writing.clear()
-    merger.join(timeout=120)
+    for thread in others:
+        thread.join(timeout=120)
     assert not errors
+    assert any(swaps)  # 约 50 轮里换了 10 次左右
     assert Document.objects.filter(knowledge_base=kb, status=Document.Status.COMPLETED).count() == 6
     assert segments.mismatches(kb.id) == []
     segments.compact(kb.id)
