@@ -539,7 +539,7 @@ def repack_tables() -> list[str]:
             finally:
                 cursor.execute("RESET lock_timeout")
             return list(_SEGMENT_TABLES)
-        bloated = [table for table in MERGED_TABLES if _heap_bloated(cursor, table)]
+        bloated = [table for table in MERGED_TABLES if _plain_table(cursor, table) and _heap_bloated(cursor, table)]
     if not bloated:
         return []
     try:
@@ -547,6 +547,16 @@ def repack_tables() -> list[str]:
     except OperationalError:
         return []  # 等锁超时或死锁检测选中了这里：什么也没改，下一轮再来
     return bloated
+
+
+def _plain_table(cursor: Any, table: str) -> bool:
+    """普通的一张表才拷贝换表：运维按知识库分了区（docs/DEPLOYMENT.md）、挂了继承的子表、或装了 Citus（分布表的
+    元数据记着表的 OID）时，换上的新表丢掉这些，不换（空页由之后的写入复用，或按分区各自 VACUUM FULL）。"""
+    cursor.execute("SELECT c.relkind = 'r' AND NOT c.relispartition"
+                   " AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid)"
+                   " AND NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+                   " FROM pg_class c WHERE c.oid = %s::regclass", [table])
+    return bool(cursor.fetchone()[0])
 
 
 def _heap_bloated(cursor: Any, table: str) -> bool:
