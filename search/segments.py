@@ -551,10 +551,12 @@ def repack_tables() -> list[str]:
 
 def _plain_table(cursor: Any, table: str) -> bool:
     """普通的一张表才拷贝换表：运维按知识库分了区（docs/DEPLOYMENT.md）、挂了继承的子表、或装了 Citus（分布表的
-    元数据记着表的 OID）时，换上的新表丢掉这些，不换（空页由之后的写入复用，或按分区各自 VACUUM FULL）。"""
+    元数据记着表的 OID）时，换上的新表丢掉这些，不换（空页由之后的写入复用，或按分区各自 VACUUM FULL）。
+    服务的角色删不了旧表（不是属主）或不能在 schema 里建表时也不换。"""
     cursor.execute("SELECT c.relkind = 'r' AND NOT c.relispartition"
                    " AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid)"
                    " AND NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+                   " AND pg_has_role(c.relowner, 'USAGE') AND has_schema_privilege(c.relnamespace, 'CREATE')"
                    " FROM pg_class c WHERE c.oid = %s::regclass", [table])
     return bool(cursor.fetchone()[0])
 
@@ -581,7 +583,8 @@ def _swap_merged_tables(tables: Sequence[str]) -> None:
       （``search.bm25._snapshot_cursor``，PostgreSQL 文档里 LOCK 的用法），锁在换表之前的读完旧表，之后的快照
       在换表提交之后、看得见新表。
     - 表的形状照旧：``LIKE … INCLUDING ALL`` 带上列、非空、存储与压缩设置，主键在拷贝之后按原定义建、改回原名
-      （``tests/search/test_engine_sql.py`` 核对库里的表与存储文件一致）。这几张表没有外键、触发器与依赖它们的视图，
+      （``tests/search/test_engine_sql.py`` 核对库里的表与存储文件一致），属主与授权照抄（:func:`_copy_privileges`）。
+      只换普通的表（:func:`_plain_table`）。这几张表没有外键、触发器与依赖它们的视图，
       引用它们的函数是 PL/pgSQL（按名字解析），预备语句在表换了之后重新规划。
     """
     quote = connection.ops.quote_name
@@ -597,6 +600,7 @@ def _swap_merged_tables(tables: Sequence[str]) -> None:
             keys[table] = name
             fresh = quote(f"{table}_repacked")
             cursor.execute(f"CREATE TABLE {fresh} (LIKE {quote(table)} INCLUDING ALL EXCLUDING INDEXES)")
+            _copy_privileges(cursor, table, fresh)
             cursor.execute(psql.SQL("INSERT INTO {} SELECT * FROM {} ORDER BY {}").format(
                 psql.Identifier(f"{table}_repacked"), psql.Identifier(table), psql.SQL(_key_columns(definition))))
             cursor.execute(f"ALTER TABLE {fresh} ADD CONSTRAINT {quote(f'{table}_repacked_pkey')} {definition}")
@@ -612,6 +616,20 @@ def _swap_merged_tables(tables: Sequence[str]) -> None:
         for table in tables:
             # 新表的行都是一个事务写的：VACUUM 一遍设好提示位与可见性图，免得换上之后第一批查询逐页去设
             cursor.execute(f"VACUUM {quote(table)}")
+
+
+def _copy_privileges(cursor: Any, table: str, fresh: str) -> None:
+    """新表照旧表的属主与授权：``LIKE`` 不带这些，只读副本的连接可能是另一个只有 SELECT 授权的角色。"""
+    cursor.execute("SELECT c.relowner::regrole::text, a.grantee, a.grantee::regrole::text, a.privilege_type,"
+                   " a.is_grantable FROM pg_class c LEFT JOIN LATERAL aclexplode(c.relacl) a ON true"
+                   " WHERE c.oid = %s::regclass", [table])
+    rows = cursor.fetchall()
+    quote = connection.ops.quote_name
+    cursor.execute(f"ALTER TABLE {fresh} OWNER TO {quote(rows[0][0])}")
+    for _, grantee_oid, grantee, privilege, grantable in rows:
+        if privilege is not None:  # 授权是默认的（relacl 为 NULL）时只有一行空的
+            to = "PUBLIC" if grantee_oid == 0 else quote(grantee)
+            cursor.execute(f"GRANT {privilege} ON {fresh} TO {to}{' WITH GRANT OPTION' if grantable else ''}")
 
 
 def _key_columns(definition: str) -> str:

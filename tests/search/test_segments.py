@@ -874,7 +874,20 @@ def test_big_merged_tables_are_swapped_for_compact_copies(kb_factory: Any, monke
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP TABLE fulltext_dictionary_child")
-    repacked = segments.repack_tables()
+    with connection.cursor() as cursor:  # 只读副本的连接用的另一个角色：只有词典的 SELECT 授权
+        cursor.execute("DROP ROLE IF EXISTS ragservice_test_reader")  # 角色是整个集群的：上一次中途失败留下的
+        cursor.execute("CREATE ROLE ragservice_test_reader NOLOGIN")
+        cursor.execute("GRANT SELECT ON fulltext_dictionary TO ragservice_test_reader")
+    try:
+        repacked = segments.repack_tables()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT has_table_privilege('ragservice_test_reader', 'fulltext_dictionary', 'SELECT'),"
+                           " has_table_privilege('ragservice_test_reader', 'fulltext_dictionary', 'INSERT')")
+            assert cursor.fetchone() == (True, False)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP OWNED BY ragservice_test_reader")
+            cursor.execute("DROP ROLE ragservice_test_reader")
     assert "fulltext_dictionary" in repacked and set(repacked) <= set(segments.MERGED_TABLES)
     assert _tables_bytes(segments.MERGED_TABLES) < before
     assert _constraints(segments.MERGED_TABLES) == shape
