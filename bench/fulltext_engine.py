@@ -16,7 +16,8 @@
 1. 写入：走真实的写路径——触发器开着，按文档（500 个分块一个事务）COPY 进 ``document_chunks``，带向量
    （共享的 HNSW 索引随之插入）。tsvector 与向量字面量在计时前算好（“向量已给”），计时的只是 COPY 与提交。
    写入分轮交替：偶数轮 1 个写入进程，奇数轮 2 个（各自的连接，同一个知识库），两种方式看到的表大小相近，
-   比值才不被表的增长带偏。
+   比值才不被表的增长带偏。写入进程按文档从共享的计数器领活（像服务的工作进程从队列取任务），计时的一轮里
+   分块表暂停 autovacuum（见 ``_autovacuum_paused``）。
 2. 合并（v2 才有，``search.segments.compact``）：L0 整个合并成段，计时；然后 VACUUM ANALYZE。
    ``--maintained`` 再把这个库当作已经闲下来、定时维护（``ops.tasks.maintain_fulltext``）跑过：按它的规则并段
    （``search.segments.merge_idle``，生产上知识库 ``RAG_FULLTEXT_IDLE_MERGE_MINUTES`` 分钟没有写入时做）、并过之后把
@@ -239,19 +240,25 @@ def _prepared(seeds: range) -> tuple[list[tuple[Any, ...]], float]:
     return prepared, terms_seconds
 
 
-def _writer(kb_id: uuid.UUID, seeds: range, docs: dict[int, uuid.UUID], triggers: bool, barrier: Barrier,
-            results: Any) -> None:
-    """一个写入进程：先备好行，在栅栏处与同轮的其他写入进程对齐，再按文档逐个事务 COPY。
+def _writer(kb_id: uuid.UUID, prepared: list[tuple[Any, ...]], docs: dict[int, uuid.UUID], triggers: bool,
+            barrier: Barrier, claimed: Any, results: Any) -> None:
+    """一个写入进程：在栅栏处与同轮的其他写入进程对齐，再一份一份地领文档、每份一个事务 COPY。
 
-    在 fork 出来的子进程里运行：父进程 fork 前关掉了连接，这里第一次用时自己连。
+    文档从共享的计数器领（服务的工作进程也是从队列里取下一份）：往有自己索引的库里写时，攒着暂不进图的名额先到先得，
+    这几份写得快、其余的要插图，按固定份额切开时常常是一个进程早早写完、另一个独自写完剩下的（11-30 同一个库上
+    五次 1.11~2.03 倍）。在 fork 出来的子进程里运行：父进程 fork 前关掉了连接，这里第一次用时自己连。
     """
-    prepared, terms_seconds = _prepared(seeds)
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")  # 先连上：建连接不算进写入时间
     barrier.wait()
-    started = time.monotonic()
-    for start in range(0, len(prepared), CHUNKS_PER_DOCUMENT):
-        batch = prepared[start:start + CHUNKS_PER_DOCUMENT]
+    started, written = time.monotonic(), 0
+    while True:
+        with claimed.get_lock():
+            number = claimed.value
+            claimed.value += 1
+        batch = prepared[number * CHUNKS_PER_DOCUMENT:(number + 1) * CHUNKS_PER_DOCUMENT]
+        if not batch:
+            break
         with transaction.atomic(), connection.cursor() as cursor:
             if not triggers:
                 cursor.execute("SET LOCAL session_replication_role = replica")
@@ -263,7 +270,8 @@ def _writer(kb_id: uuid.UUID, seeds: range, docs: dict[int, uuid.UUID], triggers
                     copy.write_row((kb_id, docs[seed // CHUNKS_PER_DOCUMENT], seed % CHUNKS_PER_DOCUMENT, text, "{}",
                                     embedding, DIM, "chunk", len(text), "", vector, length, "2026-01-01T00:00:00Z",
                                     placement.shared, placement.pending))
-    results.put((started, time.monotonic(), len(prepared), terms_seconds))
+        written += len(batch)
+    results.put((started, time.monotonic(), written))
     connection.close()
 
 
@@ -298,27 +306,42 @@ def _wait_shares(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, float
     return shares
 
 
+@contextmanager
+def _autovacuum_paused() -> Iterator[None]:
+    """计时的一轮里分块表不做 autovacuum：删掉上一轮的行之后它会去扫 HNSW 图（一次几十秒、占满一个核），落在哪一轮
+    全凭运气（11-30 在 2 核的开发机上量到写入期间一直有一个核被它占着）。改设置要的锁会让正在跑的 autovacuum 让开；
+    轮与轮之间照常（``append_own`` 每轮之前还显式 VACUUM）。"""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE document_chunks SET (autovacuum_enabled = false)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE document_chunks RESET (autovacuum_enabled)")
+
+
 def _round(kb: KnowledgeBase, seeds: range, writers: int, docs: dict[int, uuid.UUID],
            triggers: bool = True) -> tuple[float, float]:
-    """``writers`` 个进程各写 ``seeds`` 的一份（按文档边界切开），返回 (从第一个开始到最后一个结束的秒数,
-    算 tsvector 的分块/秒/进程)。"""
+    """``writers`` 个进程一起写完 ``seeds``（按文档从共享的计数器领），返回 (从第一个开始到最后一个结束的秒数,
+    算 tsvector 的分块/秒)。行在 fork 之前由这个进程算好（不计时），子进程共用。"""
+    prepared, terms_seconds = _prepared(seeds)
     context = multiprocessing.get_context("fork")
-    connections.close_all()  # 子进程不能沿用父进程的连接
-    barrier, results = context.Barrier(writers), context.Queue()
-    share = -(-len(seeds) // writers // CHUNKS_PER_DOCUMENT) * CHUNKS_PER_DOCUMENT
-    processes = [context.Process(target=_writer, args=(kb.id, range(start, min(start + share, seeds.stop)), docs,
-                                                       triggers, barrier, results))
-                 for start in range(seeds.start, seeds.stop, share)]
-    for process in processes:
-        process.start()
-    outcomes = [results.get() for _ in processes]
-    for process in processes:
-        process.join()
-        if process.exitcode:
-            raise RuntimeError(f"writer exited with {process.exitcode}")
-    seconds = max(end for _, end, _, _ in outcomes) - min(start for start, _, _, _ in outcomes)
-    terms_rate = sum(rows for _, _, rows, _ in outcomes) / sum(spent for _, _, _, spent in outcomes)
-    return seconds, terms_rate
+    with _autovacuum_paused():
+        connections.close_all()  # 子进程不能沿用父进程的连接
+        barrier, results, claimed = context.Barrier(writers), context.Queue(), context.Value("i", 0)
+        processes = [context.Process(target=_writer, args=(kb.id, prepared, docs, triggers, barrier, claimed, results))
+                     for _ in range(writers)]
+        for process in processes:
+            process.start()
+        outcomes = [results.get() for _ in processes]
+        for process in processes:
+            process.join()
+            if process.exitcode:
+                raise RuntimeError(f"writer exited with {process.exitcode}")
+    if sum(written for _, _, written in outcomes) != len(seeds):
+        raise RuntimeError("writers did not write every row")
+    seconds = max(end for _, end, _ in outcomes) - min(start for start, _, _ in outcomes)
+    return seconds, len(seeds) / terms_seconds
 
 
 def store(kb: KnowledgeBase, rows: int, round_rows: int, trigger_rows: int,
@@ -332,7 +355,6 @@ def store(kb: KnowledgeBase, rows: int, round_rows: int, trigger_rows: int,
         # 本解释器运行本文件，参数是自己建的临时路径
         sampler = subprocess.Popen(  # noqa: S603
             [sys.executable, str(Path(__file__).resolve()), "--wait-sampler", str(samples)])
-    _text(0)  # 词表在 fork 之前载入，子进程共用
     docs = _documents(kb, rows)
     spent = {1: 0.0, 2: 0.0}
     written = {1: 0, 2: 0}
