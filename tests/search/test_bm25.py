@@ -434,38 +434,24 @@ def test_two_writers_and_a_running_compaction_keep_exact_statistics(kb_factory: 
                 close_old_connections()
         return run
 
-    def compactor() -> None:
-        try:
-            barrier.wait()
-            while writing.is_set():
-                segments.compact(kb.id, batch=2)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            close_old_connections()
-
-    def repacker() -> None:
-        try:
-            barrier.wait()
-            while writing.is_set():
-                swaps.append(segments.repack_tables())
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            close_old_connections()
-
-    def searcher() -> None:
-        try:
-            barrier.wait()
-            while writing.is_set():
-                fulltext_search(kb, parse_query("高血压 饮食 编号"), SearchFilters(), limit=10)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            close_old_connections()
+    def looping(step: Callable[[], Any]) -> Callable[[], None]:
+        """写入还在进行时一遍遍做 ``step`` 的线程（合并、换表、检索）。"""
+        def run() -> None:
+            try:
+                barrier.wait()
+                while writing.is_set():
+                    step()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                close_old_connections()
+        return run
 
     threads = [threading.Thread(target=worker(offset)) for offset in (0, 3)]
-    others = [threading.Thread(target=target) for target in (compactor, repacker, searcher)]
+    others = [threading.Thread(target=looping(step)) for step in (
+        lambda: segments.compact(kb.id, batch=2),
+        lambda: swaps.append(segments.repack_tables()),
+        lambda: fulltext_search(kb, parse_query("高血压 饮食 编号"), SearchFilters(), limit=10))]
     for thread in [*threads, *others]:
         thread.start()
     for thread in threads:
