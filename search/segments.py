@@ -508,8 +508,8 @@ _SEGMENT_TABLES = ("fulltext_dictionary", "fulltext_blocks", "fulltext_prefixes"
 # 倒排块的堆约是存活的行的两倍，bench/pages/fulltext_engine.md）。拷贝换表只换这几张；查询的快照事务开头先锁住它们
 # （search.bm25._snapshot_cursor），换表时正在读的查询读完旧表、之后开始的读新表
 MERGED_TABLES = ("fulltext_dictionary", "fulltext_blocks", "fulltext_prefixes")
-# 表（含 TOAST）比存活的行紧凑地放下要的字节大这么多倍、且超过 INDEX_SHRINK_MIN_BYTES 时才拷贝换表：与索引的门槛相同，
-# 零星并段的稳态在它之下，闲时并段把全部段并成一个（约 2 倍）在它之上
+# 表（含 TOAST）比存活的行紧凑地放下要的字节大这么多倍、且超过 INDEX_SHRINK_MIN_BYTES 时才拷贝换表：与索引的门槛相同。
+# 闲时并段把全部段并成一个之后在它之上（10 万块的基准库：词典 1.9 倍、倒排块 1.8 倍），换过之后约 1.05 倍
 _HEAP_BLOAT_RATIO = 1.5
 # 换表时等锁最多这么久：等不到（有长事务在读或在写）就整个放弃，下一轮维护再来
 _SWAP_LOCK_TIMEOUT = "2s"
