@@ -511,8 +511,8 @@ MERGED_TABLES = ("fulltext_dictionary", "fulltext_blocks", "fulltext_prefixes")
 # 表（含 TOAST）比存活的行紧凑地放下要的字节大这么多倍、且超过 INDEX_SHRINK_MIN_BYTES 时才拷贝换表：与索引的门槛相同。
 # 闲时并段把全部段并成一个之后在它之上（10 万块的基准库：词典 1.9 倍、倒排块 1.8 倍），换过之后约 1.05 倍
 _HEAP_BLOAT_RATIO = 1.5
-# 换表时等锁最多这么久：等不到（有长事务在读或在写）就整个放弃，下一轮维护再来
-_SWAP_LOCK_TIMEOUT = "2s"
+# 重写（VACUUM FULL 或换表）时等锁最多这么久：等不到（有长事务在读或在写）就整个放弃，下一轮维护再来
+_REPACK_LOCK_TIMEOUT = "2s"
 _PAGE_BYTES = 8192
 # 表 c 的堆与 TOAST 的字节（主文件）
 _HEAP_BYTES_SQL = "pg_relation_size(c.oid) + coalesce(pg_relation_size(nullif(c.reltoastrelid, 0)), 0)"
@@ -528,17 +528,8 @@ def repack_tables() -> list[str]:
         cursor.execute("SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
                        " WHERE c.relname = ANY(%s) AND c.relnamespace = 'public'::regnamespace",
                        [list(_SEGMENT_TABLES)])
-        small = int(cursor.fetchone()[0]) < REPACK_MAX_BYTES
-        if small:
-            cursor.execute(f"SET lock_timeout = '{_SWAP_LOCK_TIMEOUT}'")
-            try:
-                for table in _SEGMENT_TABLES:
-                    cursor.execute(f"VACUUM FULL {table}")
-            except OperationalError:
-                return []  # 等锁超时：有长事务在用这张表，下一轮再来
-            finally:
-                cursor.execute("RESET lock_timeout")
-            return list(_SEGMENT_TABLES)
+        if int(cursor.fetchone()[0]) < REPACK_MAX_BYTES:
+            return _vacuum_full(cursor)
         bloated = [table for table in MERGED_TABLES if _plain_table(cursor, table) and _heap_bloated(cursor, table)]
     if not bloated:
         return []
@@ -547,6 +538,19 @@ def repack_tables() -> list[str]:
     except OperationalError:
         return []  # 等锁超时或死锁检测选中了这里：什么也没改，下一轮再来
     return bloated
+
+
+def _vacuum_full(cursor: Any) -> list[str]:
+    """段的表逐张 VACUUM FULL，返回它们；等锁超时（有长事务在用其中一张）返回 []，下一轮再来。"""
+    cursor.execute(f"SET lock_timeout = '{_REPACK_LOCK_TIMEOUT}'")
+    try:
+        for table in _SEGMENT_TABLES:
+            cursor.execute(f"VACUUM FULL {table}")
+    except OperationalError:
+        return []
+    finally:
+        cursor.execute("RESET lock_timeout")
+    return list(_SEGMENT_TABLES)
 
 
 def _plain_table(cursor: Any, table: str) -> bool:
@@ -589,7 +593,7 @@ def _swap_merged_tables(tables: Sequence[str]) -> None:
     """
     quote = connection.ops.quote_name
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL lock_timeout = '{_SWAP_LOCK_TIMEOUT}'")
+        cursor.execute(f"SET LOCAL lock_timeout = '{_REPACK_LOCK_TIMEOUT}'")
         cursor.execute("LOCK TABLE fulltext_kb_stats IN EXCLUSIVE MODE")
         cursor.execute(f"LOCK TABLE {', '.join(map(quote, tables))} IN SHARE MODE")
         keys = {}

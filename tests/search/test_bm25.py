@@ -409,7 +409,7 @@ def test_two_writers_and_a_running_compaction_keep_exact_statistics(kb_factory: 
     monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
     monkeypatch.setattr(segments, "INDEX_SHRINK_MIN_BYTES", 0)
     monkeypatch.setattr(segments, "_HEAP_BLOAT_RATIO", 0.0)  # 每一轮都换
-    monkeypatch.setattr(segments, "_SWAP_LOCK_TIMEOUT", "100ms")
+    monkeypatch.setattr(segments, "_REPACK_LOCK_TIMEOUT", "100ms")
     kb = kb_factory()
     errors: list[BaseException] = []
     swaps: list[list[str]] = []

@@ -823,7 +823,7 @@ def test_big_merged_tables_are_swapped_for_compact_copies(kb_factory: Any, monke
     合并开着时等不到锁：等锁超时就放弃，什么也不改；它们结束后再来就换上。"""
     monkeypatch.setattr(segments, "REPACK_MAX_BYTES", 0)
     monkeypatch.setattr(segments, "INDEX_SHRINK_MIN_BYTES", 0)
-    monkeypatch.setattr(segments, "_SWAP_LOCK_TIMEOUT", "200ms")
+    monkeypatch.setattr(segments, "_REPACK_LOCK_TIMEOUT", "200ms")
     kb = kb_factory()
     document = Document.objects.create(knowledge_base=kb, filename="x.txt", status=Document.Status.COMPLETED,
                                        chunk_count=3000)
