@@ -171,11 +171,15 @@ def run_queries(server: Server, key: str, kb: KnowledgeBase, mode: str, queries:
         return list(pool.map(one, queries))
 
 
+def _py_spy_path() -> Path:
+    return Path(sys.executable).with_name("py-spy")
+
+
 @contextmanager
 def py_spy(pids: list[int], workdir: Path, label: str) -> Iterator[Profile]:
     """计时阶段对每个 worker 运行 py-spy；退出时 SIGINT 让它写出采样，汇总进 yield 出的 :class:`Profile`。"""
     profile = Profile()
-    spy = Path(sys.executable).with_name("py-spy")
+    spy = _py_spy_path()
     outputs = [workdir / f"py-spy-{label}-{pid}.txt" for pid in pids]
     with (workdir / "py-spy.log").open("ab") as log:
         procs = [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "200",  # noqa: S603
@@ -233,6 +237,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="剖析排行的帧数")
     parser.add_argument("--keep", action="store_true", help="保留 --create 建的知识库")
     args = parser.parse_args()
+    if args.profile and not _py_spy_path().exists():
+        # 在起服务、建 API key 之前就说清楚，而不是计时到一半抛 FileNotFoundError
+        parser.error(f"--profile 需要 {_py_spy_path()}：先运行 .venv/bin/pip install -e '.[bench]'")
     # SIGTERM 与 Ctrl-C 一样走 finally：停掉 gunicorn、删掉 API key 与自建的库
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
