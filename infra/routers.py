@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -28,6 +28,9 @@ from infra.metrics import REPLICA_FALLBACKS
 logger = structlog.get_logger("infra.routers")
 
 REPLICA = "replica"
+
+# 位置参数（%s）或命名参数（%(name)s）
+_Params = Sequence[Any] | Mapping[str, Any]
 
 _lock = threading.Lock()
 _replica_down_until = 0.0
@@ -81,7 +84,7 @@ def reset_replica_state() -> None:
         _replica_down_until = 0.0
 
 
-def fetchall_prepared(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *,
+def fetchall_prepared(conn: BaseDatabaseWrapper, sql: str, params: _Params, *,
                       binary: bool = False) -> list[tuple[Any, ...]]:
     """在 ``conn`` 当前的事务里（不在事务里时是一条自动提交的语句）执行一条查询：服务端绑定参数、预备语句，
     ``binary`` 时结果按二进制格式传回。给全文一路每个查询都要走的那几条语句用。
@@ -98,9 +101,12 @@ def fetchall_prepared(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any]
     语句照样经过连接上的 ``execute_wrapper``（bench 的按语句计时靠它），错误照样转成 Django 的数据库异常；
     它不经过 Django 的调试游标与 django-prometheus 的游标：调试日志与语句计数里没有这些语句。
     """
+    # 与 Django 的游标一样先做连接的健康检查（CONN_HEALTH_CHECKS：每个请求第一次用连接时）：鉴权这条语句是请求的
+    # 第一条，数据库重启后不先检查，每个线程手里断掉的连接都要让一个请求失败一次才会被换掉
+    conn.close_if_health_check_failed()
     conn.ensure_connection()
 
-    def execute(sql: str, params: Sequence[Any], many: bool, context: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def execute(sql: str, params: _Params, many: bool, context: dict[str, Any]) -> list[tuple[Any, ...]]:
         with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
             cursor.execute(sql, params, binary=binary, prepare=True)
             return cursor.fetchall()
