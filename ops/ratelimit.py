@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from infra.principal import Principal
+from infra.routers import fetchall_prepared
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,15 @@ class PostgresBucketStore:
     （如测试）每次都拿到事务开始的时间、桶永远不补充。
     """
 
-    # cost = 1 时与“够一个就扣一个”相同；cost <= 0 时条件恒真，LEAST 把还回的令牌封顶在 burst
+    # cost = 1 时与“够一个就扣一个”相同；cost <= 0 时条件恒真，LEAST 把还回的令牌封顶在 burst。
+    # 每个请求一次：预备语句（服务端绑定参数，所以参数都写明类型），省掉每次的解析与规划
     sql = """
 INSERT INTO ops_rate_limit_buckets AS b (key, tokens, allowed, updated_at)
-VALUES (%(key)s, LEAST(%(burst)s, %(burst)s - %(cost)s), true, clock_timestamp())
+VALUES (%(key)s::text, LEAST(%(burst)s::float8, %(burst)s::float8 - %(cost)s::float8), true, clock_timestamp())
 ON CONFLICT (key) DO UPDATE SET
-    tokens = CASE WHEN {refill} >= %(cost)s THEN LEAST(%(burst)s::float8, {refill} - %(cost)s) ELSE {refill} END,
-    allowed = {refill} >= LEAST(%(cost)s, 1),
+    tokens = CASE WHEN {refill} >= %(cost)s::float8 THEN LEAST(%(burst)s::float8, {refill} - %(cost)s::float8)
+                  ELSE {refill} END,
+    allowed = {refill} >= LEAST(%(cost)s::float8, 1),
     updated_at = EXCLUDED.updated_at
 RETURNING b.tokens, b.allowed
 """.format(refill="LEAST(%(burst)s::float8, b.tokens + %(rate)s::float8 * "
@@ -70,10 +73,10 @@ RETURNING b.tokens, b.allowed
         self._takes = itertools.count(1)
 
     def take(self, key: str, *, rate: float, burst: int, cost: int = 1) -> Decision:
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, {"key": key, "rate": rate, "burst": burst, "cost": cost})
-            tokens, allowed = cursor.fetchone()
-            if next(self._takes) % self.prune_every == 0:
+        [(tokens, allowed)] = fetchall_prepared(connection, self.sql,
+                                                {"key": key, "rate": rate, "burst": burst, "cost": cost})
+        if next(self._takes) % self.prune_every == 0:
+            with connection.cursor() as cursor:
                 cursor.execute("DELETE FROM ops_rate_limit_buckets WHERE updated_at < clock_timestamp() - %s::interval",
                                [self.prune_idle])
         return _decision(bool(allowed), float(tokens), rate)

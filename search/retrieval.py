@@ -18,7 +18,7 @@ from django.conf import settings
 
 from documents.filters import SearchFilters
 from documents.models import INDEX_STATE_SQL, Document
-from infra.routers import search_connection
+from infra.routers import fetchall_prepared, search_connection
 from knowledge.models import SUPPORTED_DIMENSIONS, KnowledgeBase
 from raglib.analysis import ParsedQuery
 from search import ann
@@ -83,19 +83,18 @@ class SearchPlan:
 
 def search_plan(kb: KnowledgeBase) -> SearchPlan:
     """一条查询读出 :class:`SearchPlan`（每个检索请求一次往返：分块数读文档表，索引状态查系统目录，有没有不在共享
-    索引里的分块探查一次部分索引 ``document_chunks_detached_idx``，都是几十微秒）。
+    索引里的分块探查一次部分索引 ``document_chunks_detached_idx``，都是几十微秒）。语句预备好：它的规划比执行贵。
 
     都在 ``search_connection()`` 上读：向量查询在哪个库上执行，就看哪个库上的索引与分块。
     """
-    with search_connection().cursor() as cursor:
-        cursor.execute(
-            "SELECT (SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s"
-            " AND status = %s), s.valid, s.opcname, s.definition,"
-            " EXISTS (SELECT 1 FROM document_chunks WHERE knowledge_base_id = %s AND NOT shared_ann)"
-            f" FROM (SELECT 1) one LEFT JOIN LATERAL ({INDEX_STATE_SQL}) s ON true",
-            [kb.id, Document.Status.COMPLETED, kb.id, ann.kb_index_name(kb.id)],
-        )
-        row = cursor.fetchone()
+    [row] = fetchall_prepared(
+        search_connection(),
+        "SELECT (SELECT coalesce(sum(chunk_count), 0) FROM documents WHERE knowledge_base_id = %s::uuid"
+        " AND status = %s::text), s.valid, s.opcname, s.definition,"
+        " EXISTS (SELECT 1 FROM document_chunks WHERE knowledge_base_id = %s::uuid AND NOT shared_ann)"
+        f" FROM (SELECT 1) one LEFT JOIN LATERAL ({INDEX_STATE_SQL}) s ON true",
+        [kb.id, Document.Status.COMPLETED, kb.id, ann.kb_index_name(kb.id)],
+    )
     return SearchPlan(int(row[0]), ann.kb_index_from_row(kb.id, row[1:4]), bool(row[4]))
 
 
@@ -163,24 +162,22 @@ def vector_distances(kb: KnowledgeBase, query_vector: np.ndarray, chunk_ids: Seq
         raise ValueError(f"unsupported embedding dimension {dim}")
     if not chunk_ids:
         return {}
-    with search_connection().cursor() as cursor:
-        cursor.execute(f"SELECT id, {ann.stored_distance(dim, '')} FROM document_chunks"
-                       " WHERE id = ANY(%s) AND embedding_dim = %s",
-                       [vector_literal(query_vector), list(chunk_ids), dim])
-        return {int(chunk_id): float(distance) for chunk_id, distance in cursor.fetchall()}
+    rows = fetchall_prepared(search_connection(), f"SELECT id, {ann.stored_distance(dim, '')} FROM document_chunks"
+                             " WHERE id = ANY(%s::bigint[]) AND embedding_dim = %s::int",
+                             [vector_literal(query_vector), list(chunk_ids), dim])
+    return {int(chunk_id): float(distance) for chunk_id, distance in rows}
 
 
 def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
     """一次读出命中分块的文本、元数据与所属文档。"""
     if not chunk_ids:
         return {}
-    with search_connection().cursor() as cursor:
-        cursor.execute(
-            "SELECT c.id, c.document_id, c.chunk_index, c.chunk_text, d.filename, c.metadata, c.role, c.parent_id,"
-            " d.created_at FROM document_chunks c JOIN documents d ON d.id = c.document_id WHERE c.id = ANY(%s)",
-            [list(chunk_ids)],
-        )
-        rows = cursor.fetchall()
+    rows = fetchall_prepared(
+        search_connection(),
+        "SELECT c.id, c.document_id, c.chunk_index, c.chunk_text, d.filename, c.metadata, c.role, c.parent_id,"
+        " d.created_at FROM document_chunks c JOIN documents d ON d.id = c.document_id WHERE c.id = ANY(%s::bigint[])",
+        [list(chunk_ids)],
+    )
     return {
         int(row[0]): ChunkRow(
             chunk_id=int(row[0]), document_id=row[1], chunk_index=int(row[2]), text=row[3], filename=row[4],

@@ -115,19 +115,31 @@ def test_failed_auth_does_not_touch_last_used_at(make_client):
 
 
 @pytest.mark.parametrize("scoped", [True, False])
-def test_key_lookup_is_one_query_with_its_knowledge_bases(kb_factory, django_assert_num_queries, scoped):
-    # 鉴权在每个请求的路径上：限定的知识库 id 聚合在同一条查询里，不另发 prefetch 查询
+def test_key_lookup_is_one_query_with_its_knowledge_bases(kb_factory, scoped):
+    # 鉴权在每个请求的路径上：限定的知识库 id 收在同一条语句里，不另发 prefetch 查询。语句是预备语句，不经 Django 的
+    # 调试游标（django_assert_num_queries 看不到），按连接上的 execute_wrapper 数
     kbs = [kb_factory(), kb_factory()]
     key = ApiKey(name="lookup", all_knowledge_bases=not scoped, last_used_at=timezone.now())
     raw = key.set_new_key()
     key.save()
     if scoped:
         key.knowledge_bases.set(kbs)
-    with django_assert_num_queries(1):
-        principal = principal_for_key(raw)
-    assert principal is not None
-    assert principal.knowledge_base_ids == (frozenset(kb.id for kb in kbs) if scoped else frozenset())
-    assert principal.all_knowledge_bases is not scoped
+    statements: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    for _ in range(2):  # 第二次走已预备的语句
+        with connection.execute_wrapper(record):
+            principal = principal_for_key(raw)
+        assert principal is not None
+        assert principal.knowledge_base_ids == (frozenset(kb.id for kb in kbs) if scoped else frozenset())
+        assert principal.all_knowledge_bases is not scoped
+    assert len(statements) == 2
+    with connection.execute_wrapper(record):
+        assert principal_for_key(raw + "x") is None
+    assert len(statements) == 3
 
 
 # ---------------------------------------------------------------- 公开端点
