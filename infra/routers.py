@@ -87,7 +87,7 @@ def reset_replica_state() -> None:
 def fetchall_prepared(conn: BaseDatabaseWrapper, sql: str, params: _Params, *,
                       binary: bool = False) -> list[tuple[Any, ...]]:
     """在 ``conn`` 当前的事务里（不在事务里时是一条自动提交的语句）执行一条查询：服务端绑定参数、预备语句，
-    ``binary`` 时结果按二进制格式传回。给全文一路每个查询都要走的那几条语句用。
+    ``binary`` 时结果按二进制格式传回。给每个请求都要走的那几条语句用（鉴权、限流、检索计划与回表、全文一路）。
 
     Django 的游标在客户端把参数拼进 SQL，每次执行服务端都要重新解析、规划：全文一路的统计与回表两条语句各自的规划
     比执行还贵（约 0.06 与 0.10 ms）。这里用 psycopg 的服务端绑定游标并要求预备（``prepare=True``）：同一个连接上

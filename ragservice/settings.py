@@ -142,10 +142,10 @@ EMBEDDED_SHARED_BUFFERS_MB = env_int(
     "内嵌 PostgreSQL 的 shared_buffers（MB），下次启动内嵌服务器时生效；0 为自动：内存（含容器上限）的 1/4，"
     "128~4096 之间", minimum=0)
 DB_CONN_MAX_AGE = env_int("RAG_DB_CONN_MAX_AGE", 60, "数据库连接复用秒数（0 为每请求新建）", minimum=0)
-# 全文一路每个查询都要走的几条语句用预备语句（infra.routers.fetchall_prepared）；事务模式的 PgBouncer 1.21 以前
-# 不认预备语句，那时关掉
+# 每个请求都要走的几条语句（鉴权、限流、检索计划与回表、全文一路）用预备语句（infra.routers.fetchall_prepared）；
+# 事务模式的 PgBouncer 1.21 以前不认预备语句，那时关掉
 DB_PREPARED_STATEMENTS = env_bool("RAG_DB_PREPARED_STATEMENTS", True,
-                                  "全文检索的热语句用预备语句（事务模式、1.21 以前的 PgBouncer 后面要关掉）")
+                                  "请求路径上的热语句用预备语句（事务模式、1.21 以前的 PgBouncer 后面要关掉）")
 # 上一轮无错用完不到这么久的连接，下一轮开始时跳过健康检查的 SELECT 1（infra.postgres_backend）
 DB_HEALTH_CHECK_WINDOW_MS = env_int("RAG_DB_HEALTH_CHECK_WINDOW_MS", 500,
                                     "上一轮无错用完不到这么多毫秒的数据库连接跳过健康检查（0 为每轮都检查）",
