@@ -28,7 +28,7 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 # 按摘要读一把启用的 key 与它限定的知识库 id（一行）。鉴权在每个请求的路径上：限定的知识库 id 用子查询收进同一行
 # （少一次往返），语句预备好、不经 ORM——ORM 每次编译这条带聚合的查询要约 0.5 ms，执行只要几十微秒
-# （bench/pages/e2e_search.md“固定开销”）
+# （bench/pages/e2e_search.md，2026-11-30 的“当前数字”）
 _KEY_SQL = (
     "SELECT k.id, k.name, k.access, k.all_knowledge_bases, k.last_used_at,"
     " ARRAY(SELECT m.knowledgebase_id FROM ops_apikey_knowledge_bases m WHERE m.apikey_id = k.id)"
