@@ -531,3 +531,36 @@ def test_health_check_is_skipped_only_right_after_a_clean_round(monkeypatch: pyt
     assert request_round() == 0
     settings.DB_HEALTH_CHECK_WINDOW_MS = 0
     assert request_round() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_that_starts_with_a_prepared_statement_checks_the_connection_first(
+        monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """鉴权的预备语句（``fetchall_prepared``）是每个请求的第一条：它与 Django 的游标一样先做健康检查。连接在空闲时
+    断了（数据库重启）的话，检查把它关掉、换一条新的，请求照常成功，而不是 503 一次。"""
+    from django.db import close_old_connections, connection, connections
+
+    from infra.routers import fetchall_prepared
+
+    settings.DB_HEALTH_CHECK_WINDOW_MS = 500
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    connection.close()
+    checks: list[int] = []
+    real_is_usable = connection.is_usable
+    monkeypatch.setattr(connection, "is_usable", lambda: checks.append(1) or real_is_usable())
+    close_old_connections()
+    [(pid,)] = fetchall_prepared(connection, "SELECT pg_backend_pid()", [])
+    close_old_connections()
+    dead = connection.connection
+    other = connections.create_connection("default")  # 从另一条连接掐断它，像数据库重启时那样
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    close_old_connections()
+    connection._proven_at -= 1.0  # 空闲了 1 秒：这一轮第一次用连接时要检查
+    before = len(checks)
+    assert fetchall_prepared(connection, "SELECT %s::int", [2]) == [(2,)]
+    assert len(checks) == before + 1 and connection.connection is not dead
+    close_old_connections()
