@@ -11,9 +11,9 @@ cmrc2018 的条目平均约 500 字，默认分块下几乎一篇一个分块，
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
 GROUP = 8
@@ -52,4 +52,9 @@ def main(source: Path, target: Path, volumes: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("source", type=Path, help="cmrc2018 数据集目录")
+    parser.add_argument("target", type=Path, help="输出目录（不存在时创建）")
+    parser.add_argument("volumes", type=int, nargs="?", help="只取前这么多册（默认全部）")
+    args = parser.parse_args()
+    main(args.source, args.target, args.volumes)

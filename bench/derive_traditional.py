@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import opencc
@@ -49,4 +49,8 @@ def main(source: Path, target: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("source", type=Path, help="BEIR 格式的源数据集目录")
+    parser.add_argument("target", type=Path, help="输出目录（不存在时创建）")
+    args = parser.parse_args()
+    main(args.source, args.target)
