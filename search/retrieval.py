@@ -47,6 +47,8 @@ class ChunkRow:
     role: str
     parent_id: int | None
     document_created: Any = None
+    # 到查询向量的余弦距离：只在 load_chunks 给了查询向量时有
+    distance: float | None = None
 
 
 def _documents_sql(kb: KnowledgeBase) -> tuple[str, list[Any]]:
@@ -155,33 +157,35 @@ def fulltext_scores(kb: KnowledgeBase, query: ParsedQuery, chunk_ids: Sequence[i
     return fulltext_engine().scores(kb.id, query, chunk_ids, statistics)
 
 
-def vector_distances(kb: KnowledgeBase, query_vector: np.ndarray, chunk_ids: Sequence[int]) -> dict[int, float]:
-    """指定分块到查询向量的余弦距离（与精确扫描同一个表达式）：给向量一路没列出的候选补上真实的距离。"""
-    dim = kb.embedding_dimension
-    if dim not in SUPPORTED_DIMENSIONS:
-        raise ValueError(f"unsupported embedding dimension {dim}")
+def load_chunks(chunk_ids: Sequence[int], *, kb: KnowledgeBase | None = None,
+                query_vector: np.ndarray | None = None) -> dict[int, ChunkRow]:
+    """一次读出命中分块的文本、元数据与所属文档。
+
+    给了 ``kb`` 与查询向量时顺带算出每块到它的余弦距离（``ChunkRow.distance``，与精确扫描同一个表达式；维度不是
+    知识库维度的分块为 None）：混合检索给向量一路没列出的候选补真实的距离（见 docs/INVARIANTS.md 的 EVIDENCE-OWN），
+    这些候选正是这里读的分块，不必为它们再发一条语句。"""
     if not chunk_ids:
         return {}
-    rows = fetchall_prepared(search_connection(), f"SELECT id, {ann.stored_distance(dim, '')} FROM document_chunks"
-                             " WHERE id = ANY(%s::bigint[]) AND embedding_dim = %s::int",
-                             [vector_literal(query_vector), list(chunk_ids), dim])
-    return {int(chunk_id): float(distance) for chunk_id, distance in rows}
-
-
-def load_chunks(chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
-    """一次读出命中分块的文本、元数据与所属文档。"""
-    if not chunk_ids:
-        return {}
+    columns = ""
+    params: list[Any] = [list(chunk_ids)]
+    if kb is not None and query_vector is not None:
+        dim = kb.embedding_dimension
+        if dim not in SUPPORTED_DIMENSIONS:
+            raise ValueError(f"unsupported embedding dimension {dim}")
+        columns = f", CASE WHEN c.embedding_dim = %s::int THEN {ann.stored_distance(dim)} END"
+        params = [dim, vector_literal(query_vector), list(chunk_ids)]
     rows = fetchall_prepared(
         search_connection(),
         "SELECT c.id, c.document_id, c.chunk_index, c.chunk_text, d.filename, c.metadata, c.role, c.parent_id,"
-        " d.created_at FROM document_chunks c JOIN documents d ON d.id = c.document_id WHERE c.id = ANY(%s::bigint[])",
-        [list(chunk_ids)],
+        f" d.created_at{columns} FROM document_chunks c JOIN documents d ON d.id = c.document_id"
+        " WHERE c.id = ANY(%s::bigint[])",
+        params,
     )
     return {
         int(row[0]): ChunkRow(
             chunk_id=int(row[0]), document_id=row[1], chunk_index=int(row[2]), text=row[3], filename=row[4],
             metadata=_as_dict(row[5]), role=row[6], parent_id=row[7], document_created=row[8],
+            distance=float(row[9]) if len(row) > 9 and row[9] is not None else None,
         )
         for row in rows
     }

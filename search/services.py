@@ -58,7 +58,6 @@ from search.retrieval import (
     load_chunks,
     load_parents,
     search_plan,
-    vector_distances,
     vector_search,
 )
 
@@ -236,10 +235,12 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
                 outcome.fusion_weights = fusion_weights(text_result, profile.fusion)
             fused = rrf_fuse({name: [hit.chunk_id for hit in result.hits] for name, result in paths.items()},
                              k=profile.fusion.rrf_k, weights=outcome.fusion_weights or None)
-            # 先读前 limit 个；其中有子块（父子分块的库）时才把其余的也读出来，供按父块凑满候选
-            chunks = load_chunks([f.key for f in fused[:limit]])
+            # 先读前 limit 个；其中有子块（父子分块的库）时才把其余的也读出来，供按父块凑满候选。两路都在时顺带
+            # 算出到查询向量的距离，给向量一路没列出的候选补证据（_complete_evidence）
+            vector = paths["vector"].query_vector if len(paths) > 1 else None
+            chunks = load_chunks([f.key for f in fused[:limit]], kb=kb, query_vector=vector)
             if any(chunk.role == "child" for chunk in chunks.values()):
-                chunks.update(load_chunks([f.key for f in fused[limit:]]))
+                chunks.update(load_chunks([f.key for f in fused[limit:]], kb=kb, query_vector=vector))
         # 父子分块：同一父块的子块最后只留一个，按分块数截断会让结果少于 top_k 个父块。候选改为“覆盖 limit 个
         # 父块（普通分块各算一个）的最短前缀”；各路都取满了深度却还凑不够 top_k 个父块时，加倍深度再取一次
         # （见 docs/INVARIANTS.md 的 PARENT-FILL）
@@ -350,15 +351,13 @@ def _complete_evidence(kb: KnowledgeBase, parsed: analysis.ParsedQuery, candidat
                        paths: dict[str, _PathResult]) -> None:
     """两路都参与时，给每个候选补上它在另一路的真实证据：全文一路独有的候选算出余弦相似度，向量一路独有的
     候选算出完整的 BM25 分（见 docs/INVARIANTS.md 的 EVIDENCE-OWN）。名单外的候选不再借用名单末尾那条的值。"""
-    vector, text = paths.get("vector"), paths.get("fulltext")
-    if vector is None or text is None:
+    text = paths.get("fulltext")
+    if "vector" not in paths or text is None:
         return
-    no_vector = [c.chunk.chunk_id for c in candidates if c.vector_similarity is None]
-    if no_vector and vector.query_vector is not None:
-        distances = vector_distances(kb, vector.query_vector, no_vector)
-        for c in candidates:
-            if c.vector_similarity is None and c.chunk.chunk_id in distances:
-                c.vector_similarity = similarity_from_distance(distances[c.chunk.chunk_id])
+    for c in candidates:
+        # 距离是回表时一起算的（load_chunks）；向量维度与知识库不同的分块没有距离，留空
+        if c.vector_similarity is None and c.chunk.distance is not None:
+            c.vector_similarity = similarity_from_distance(c.chunk.distance)
     no_text = [c.chunk.chunk_id for c in candidates if c.fulltext_score is None]
     if no_text and text.statistics is not None:
         scores = fulltext_scores(kb, parsed, no_text, text.statistics)

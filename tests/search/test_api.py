@@ -276,6 +276,25 @@ def test_a_single_fulltext_hit_cannot_lift_vector_only_results(corpus: Knowledge
     assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
 
 
+def test_fulltext_only_candidates_get_their_own_cosine(corpus: KnowledgeBase) -> None:
+    """EVIDENCE-OWN 的另一半：向量一路没列出的候选，余弦相似度在回表时与详情一起算出（load_chunks），
+    与向量一路对同一个分块给出的值相同（同一个距离表达式）。这里让向量一路只交出最近的一个分块，其余候选都要补。"""
+    request = dict(query="月季 评标 pytest", top_k=10, rerank=False)
+    everything = services.search(corpus, services.SearchRequest(mode="vector", **request))  # type: ignore[arg-type]
+    own = {r.chunk.chunk_id: r.vector_similarity for r in everything.results}
+
+    def nearest_only(*args: Any, **kwargs: Any) -> Any:
+        hits, method = vector_search(*args, **kwargs)
+        return hits[:1], method
+
+    with mock.patch("search.services.vector_search", nearest_only):
+        outcome = services.search(corpus, services.SearchRequest(mode="hybrid", **request))  # type: ignore[arg-type]
+    filled = [r for r in outcome.results if r.vector_rank is None]
+    assert len(filled) >= 2 and sum(r.vector_rank is not None for r in outcome.results) == 1
+    for result in filled:
+        assert result.vector_similarity == pytest.approx(own[result.chunk.chunk_id], abs=1e-6)
+
+
 def test_position_order_for_context_building(client_rw: Any, corpus: KnowledgeBase) -> None:
     items = search(client_rw, corpus, "月季 兰花 评标 pytest", top_k=20, order="position", mode="vector").json()
     documents = {d.id: d.created_at for d in Document.objects.filter(knowledge_base=corpus)}
@@ -401,7 +420,7 @@ def test_invariant_degrade_one_path(vector_ids: list[int], text_ids: list[int], 
 
     with mock.patch.multiple("search.services", vector_search=vector_search, fulltext_search=fulltext_search,
                              embed_query=embed, search_plan=lambda kb: SearchPlan(10, None),
-                             load_chunks=lambda ids: {i: _row(i) for i in ids}):
+                             load_chunks=lambda ids, **_: {i: _row(i) for i in ids}):
         outcome = services.search(kb, services.SearchRequest(query="q", top_k=20, mode=mode, rerank=False,  # type: ignore[arg-type]
                                                              filters=SearchFilters()))
     ids = [r.chunk.chunk_id for r in outcome.results]
