@@ -5,7 +5,7 @@
 - 留出两成伪查询自测：模型排序与原有排序的 MRR，以及 0.5 阈值下的精确率与召回率、拿掉答案后第一名的分数。
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
-- 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数。
+- 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数；每种方式另有自己的下限（:data:`MODE_MIN_CHUNKS`）。
 - 何时拟合（:func:`relevance_refresh`，定时任务每分钟检查一次）：还没有模型而分块已经够了、或模型的做法过时，
   下一分钟就拟合——新库摄取完到有自己的分数最多等一两分钟（以前每 10 分钟才查一次，新用户摄取完马上试搜，
   看到的是全局校准的分数，向量方式一条都到不了 0.5）；可检索分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、
@@ -52,10 +52,16 @@ from search.models import RelevanceProfile
 
 logger = structlog.get_logger(__name__)
 
-# 少于这么多个可检索分块的库不拟合。以前是 30：几十个分块以下的小库（一个新用户的前几份文档）一直用全局校准，
-# 向量方式的分数一条都到不了 0.5。cmrc2018 里抽出的 6 到 24 个分块的小库上，拟合本库模型后向量方式 0.5 处的精确率 /
-# 召回率从 0 / 0 到 ≥ 0.90 / ≥ 0.93，混合方式的召回率 7 个库里 6 个上升（全文方式 3 个下降，docs/EVALUATION.md）
-MIN_CHUNKS = 5
+# 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5：分块更少的库
+# （一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5，混合方式对的第一名中位数只有 0.015。
+# cmrc2018 里抽出的 40 个 1~6 块的小库（docs/EVALUATION.md“2026-11-30：三块的库”）：
+# - 向量与混合从 3 块起学得出：3~4 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.97，
+#   混合 1.00 / 0.17 → 1.00 / 0.77，别的话题的问题第一名均值 ≤ 0.15；2 块时那个均值 0.26~0.29（超过 0.2），
+#   1 块的库造不出反例，一种方式也学不出；
+# - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它
+MODE_MIN_CHUNKS: dict[str, int] = {"vector": 3, "fulltext": 5, "hybrid": 3}
+# 少于这么多个可检索分块的库不拟合（哪种方式都学不出来）
+MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
 REFIT_CHANGE = 0.2
 REFIT_INTERVAL = timedelta(minutes=10)
 DEFAULT_QUERIES = 300
@@ -194,7 +200,8 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
 
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
                   drop_shares: Mapping[str, DropShare] = DROP_SHARES) -> RelevanceProfile | None:
-    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。
+    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None；
+    分块少于某种方式的 :data:`MODE_MIN_CHUNKS` 时只是不给那种方式拟合。
     ``queries`` 是向量与全文方式的伪查询条数，每种方式是它的 :data:`QUERY_FACTORS` 倍（记下的 ``queries`` 是最多的
     那批）；``drop_shares`` 是每种方式的伪查询去字比例（缺的方式用 :data:`DROP_SHARES` 的）；比例与条数都相同的方式
     共用一批伪查询。"""
@@ -217,6 +224,8 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
     for mode in MODE_FEATURES:
+        if len(chunks) < MODE_MIN_CHUNKS[mode]:
+            continue  # 这种方式分块还不够，用全局校准（见 MODE_MIN_CHUNKS）
         plan = plans[mode]
         train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
         test = [q for i, q in enumerate(made[plan]) if i in held[plan]]

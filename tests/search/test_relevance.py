@@ -27,6 +27,7 @@ from search.models import RelevanceProfile
 from search.relevance import (
     DROP_SHARES,
     MIN_CHUNKS,
+    MODE_MIN_CHUNKS,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
     label_for,
@@ -180,6 +181,28 @@ def test_small_knowledge_base_is_not_fitted(client_rw: Any, kb_factory: Any, fak
     call_command("fit_relevance", "--kb", kb.name, "--queries", "10")
     assert "不拟合" in capsys.readouterr().out
     assert not RelevanceProfile.objects.filter(knowledge_base=kb).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_mode_needs_its_own_number_of_chunks(client_rw: Any, kb_factory: Any, fake_embedder: Any,
+                                                 capsys: Any) -> None:
+    """三个分块的库学得出向量与混合方式的模型，全文方式要五块（MODE_MIN_CHUNKS）：那种方式的检索用全局校准。"""
+    assert MODE_MIN_CHUNKS["vector"] == MODE_MIN_CHUNKS["hybrid"] == MIN_CHUNKS < MODE_MIN_CHUNKS["fulltext"]
+    kb = kb_factory()
+    for index, topic in enumerate(TOPICS[:MIN_CHUNKS]):
+        details = [DETAILS[index * 8 + i:index * 8 + i + 6] for i in range(6)]
+        sentences = "".join(f"{topic}第{i}种情况的处理方法是{detail}。" for i, detail in enumerate(details))
+        ingest_text(client_rw, kb, f"{topic}.md", f"# {topic}\n\n{sentences}")
+    call_command("fit_relevance", "--kb", kb.name, "--queries", "30")
+    assert f"fulltext：可检索分块少于 {MODE_MIN_CHUNKS['fulltext']} 个" in capsys.readouterr().out
+    profile = RelevanceProfile.objects.get(knowledge_base=kb)
+    assert profile.chunk_count == MIN_CHUNKS
+    assert "vector" in profile.mode_models and "fulltext" not in profile.mode_models
+    fulltext, vector = (services.search(kb, services.SearchRequest(query="月季 处理方法", top_k=3, mode=mode,
+                                                                   rerank=False))
+                        for mode in ("fulltext", "vector"))
+    assert fulltext.results and not any(r.learned for r in fulltext.results)
+    assert vector.results and all(r.learned for r in vector.results)
 
 
 @pytest.mark.django_db(transaction=True)

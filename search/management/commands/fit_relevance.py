@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from knowledge.management.options import knowledge_base_option
 from knowledge.models import KnowledgeBase
 from raglib.relevance import DropShare
-from search.relevance import DEFAULT_QUERIES, DROP_SHARES, MIN_CHUNKS, relevance_fit
+from search.relevance import DEFAULT_QUERIES, DROP_SHARES, MIN_CHUNKS, MODE_MIN_CHUNKS, relevance_fit
 
 
 class Command(BaseCommand):
@@ -56,3 +56,6 @@ class Command(BaseCommand):
                                   f"{v['mrr_model']:.3f} | {v['mrr_original']:.3f} | "
                                   f"{v['precision']:.3f} | {v['recall']:.3f} | "
                                   f"{v['absent_top1_mean']:.3f} / {v['absent_top1_over_half']:.3f} |")
+            for mode, least in MODE_MIN_CHUNKS.items():
+                if profile.chunk_count < least:
+                    self.stdout.write(f"{mode}：可检索分块少于 {least} 个，这种方式不拟合，用全局校准参数")
