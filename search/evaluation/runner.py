@@ -121,6 +121,9 @@ class EvaluationReport:
     # 以及本次为它拟合用了多少秒（没拟合为 0）
     score_source: str = "global"
     fit_seconds: float = 0.0
+    # 有模型（本库的或借来的）时，其中没有这种方式的模型、这种方式仍用全局校准的那些（分块不够，见
+    # ``search.relevance.MODE_MIN_CHUNKS``；或伪查询只有一类、学不出单调的模型）
+    global_modes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +132,7 @@ class EvaluationReport:
             "total_seconds": round(self.total_seconds, 1),
             "latency_includes_query_embedding": self.latency_includes_query_embedding,
             "score_source": self.score_source, "fit_seconds": round(self.fit_seconds, 1),
+            "global_modes": self.global_modes,
             "unrelated": self.unrelated,
             "modes": {m.mode: {"queries": m.queries, "skipped": m.skipped or None, "degraded_queries":
                                m.degraded_queries, **{k: round(v, 4) for k, v in m.metrics.items()},
@@ -154,7 +158,9 @@ class EvaluationReport:
                                                   "不含查询向量化（查询向量在计时前已全部算好，各方式口径相同）。"),
             "",
             f"分数：{SCORE_SOURCES[self.score_source]}"
-            + (f"（本次拟合 {self.fit_seconds:.0f} s）" if self.fit_seconds else ""),
+            + (f"（本次拟合 {self.fit_seconds:.0f} s）" if self.fit_seconds else "")
+            + (f"；{'、'.join(self.global_modes)} 方式没有学出模型（分块不够或伪查询学不出），用全局校准参数"
+               if self.global_modes else ""),
             "",
             "| 方式 | 问题数 | nDCG@10 | Recall@10 | Recall@100 | MRR@10 | hit@1 | hit@5 | hit@10 | p50 ms | p95 ms |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -199,6 +205,14 @@ def unrelated_top_scores(kb: KnowledgeBase, texts: Sequence[str], modes: Sequenc
                      "top1_p95": percentile(top, 95), "over_0.2": sum(s > 0.2 for s in top) / max(len(top), 1),
                      "over_0.5": sum(s >= 0.5 for s in top) / max(len(top), 1)}
     return out
+
+
+def _modes_without_model(kb: KnowledgeBase, modes: Sequence[str]) -> list[str]:
+    """知识库有模型时，所评的方式里没有对应模型（仍用全局校准）的那些；没有任何模型时为空（报告已写明全局校准）。"""
+    if profiles.model_origin(kb.id) == "global":
+        return []
+    search_modes = dict.fromkeys(MODES[mode][0] for mode in modes if mode in MODES and not MODES[mode][1])
+    return [mode for mode in search_modes if profiles.relevance_model(kb.id, mode) is None]
 
 
 def score_separation(pairs: Sequence[tuple[float, bool]], threshold: float) -> dict[str, float]:
@@ -441,6 +455,7 @@ def run_evaluation(dataset: Dataset, config: EvaluationConfig, progress: Progres
             ingest_seconds=0.0 if reuse else ingest_seconds, modes=reports,
             latency_includes_query_embedding=not config.cache_query_embeddings, unrelated=unrelated,
             score_source=profiles.model_origin(kb.id), fit_seconds=fit_seconds,
+            global_modes=_modes_without_model(kb, config.modes),
         )
     finally:
         if not (config.keep or reuse):

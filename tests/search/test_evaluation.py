@@ -30,7 +30,7 @@ from search.evaluation.runner import embedding_inputs
 from search.evaluation.sample import PASSAGES as SAMPLE_PASSAGES
 from search.evaluation.sample import QUERIES as SAMPLE_QUERIES
 from search.evaluation.sample import write_sample_dataset
-from search.relevance import MIN_CHUNKS
+from search.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS
 
 # ---------------------------------------------------------------- 指标（手算）
 
@@ -250,6 +250,20 @@ def test_evaluate_scores_with_the_model_the_service_would_fit(tmp_path: Path, fa
     output = capsys.readouterr()
     assert "分数：本库自己的相关概率模型（本次拟合" in output.out
     assert any(line.startswith("拟合相关概率模型：完成") for line in output.err.splitlines())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_report_names_the_modes_still_on_the_global_calibration(tmp_path: Path, fake_embedder: Any,
+                                                                capsys: Any) -> None:
+    """四个分块的库：向量方式有本库模型，全文方式分块不够（MODE_MIN_CHUNKS），报告写明它仍用全局校准。"""
+    root = _write_dataset(tmp_path / "tiny")
+    output = tmp_path / "report.json"
+    call_command("evaluate", str(root), "--level", "document", "--modes", "vector,fulltext", "--output", str(output),
+                 "--no-progress")
+    report = json.loads(output.read_text(encoding="utf-8"))
+    assert MIN_CHUNKS <= report["knowledge_base"]["chunks"] < MODE_MIN_CHUNKS["fulltext"]
+    assert report["score_source"] == "own" and report["global_modes"] == ["fulltext"]
+    assert "fulltext 方式没有学出模型（分块不够或伪查询学不出），用全局校准参数" in capsys.readouterr().out
 
 
 @pytest.mark.django_db(transaction=True)
