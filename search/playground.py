@@ -147,11 +147,14 @@ def timing_rows(timings_ms: dict[str, float]) -> list[TimingRow]:
     ]
 
 
-def model_source_label(kb: KnowledgeBase) -> str:
-    """分数学自哪里：本库的模型、同一 embedding 模型的另一个库的模型（本库还没有自己的），或全局校准。"""
+def model_source_label(kb: KnowledgeBase, mode: str) -> str:
+    """``mode`` 方式的分数学自哪里：本库的模型、同一 embedding 模型的另一个库的模型（本库还没有自己的），或全局校准
+    （没有任何模型；或有模型而其中没有这种方式的，比如 3~4 个分块的库没有全文方式的模型）。"""
     source = profiles.model_source(kb.id)
     if source is None:
         return "全局校准（本库与同模型的库都还没有学好的模型）"
+    if profiles.relevance_model(kb.id, mode) is None:
+        return f"全局校准（模型里没有 {mode} 方式的：分块不够或伪查询学不出）"
     if source == kb.id:
         return "本库模型"
     other = KnowledgeBase.objects.filter(id=source).values_list("name", flat=True).first()
@@ -169,10 +172,11 @@ def playground(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = {**admin.site.each_context(request), "title": "检索调试", "form": form}
     if form.is_valid():
         kb = form.cleaned_data["knowledge_base"]
-        outcome = services.search(kb, form.search_request())
+        search_request = form.search_request()
+        outcome = services.search(kb, search_request)
         context.update(
             outcome=outcome,
-            model_source=model_source_label(kb),
+            model_source=model_source_label(kb, search_request.mode),
             rows=[ResultRow(rank, result, found_by_label(result), feature_rows(result))
                   for rank, result in enumerate(outcome.results, start=1)],
             timings=timing_rows(outcome.timings_ms),

@@ -272,6 +272,9 @@ def test_each_result_shows_its_probability_source_and_features(admin_client: Any
     rows = _row_cells(_page(response))
     assert rows and all(row["score-source"].startswith("学出的模型") for row in rows)
     assert 'id="model-source">本库模型<' in _page(response)
+    # 同一个库的向量方式：模型里没有这种方式的，写明仍是全局校准
+    assert 'id="model-source">全局校准（模型里没有 vector 方式的' in _page(admin_client.get(
+        _params(shop, "无理由退货", mode="vector")))
     top = response.context["outcome"].results[0]
     assert top.found_by == ["fulltext"] and top.score == pytest.approx(1 / (1 + math.exp(-0.5)))
 
