@@ -279,8 +279,8 @@ def test_a_single_fulltext_hit_cannot_lift_vector_only_results(corpus: Knowledge
 def test_fulltext_only_candidates_get_their_own_cosine(corpus: KnowledgeBase) -> None:
     """EVIDENCE-OWN 的另一半：向量一路没列出的候选，余弦相似度在回表时与详情一起算出（load_chunks），
     与向量一路对同一个分块给出的值相同（同一个距离表达式）。这里让向量一路只交出最近的一个分块，其余候选都要补。"""
-    request = dict(query="月季 评标 pytest", top_k=10, rerank=False)
-    everything = services.search(corpus, services.SearchRequest(mode="vector", **request))  # type: ignore[arg-type]
+    everything = services.search(corpus, services.SearchRequest(query="月季 评标 pytest", top_k=10, mode="vector",
+                                                                rerank=False))
     own = {r.chunk.chunk_id: r.vector_similarity for r in everything.results}
 
     def nearest_only(*args: Any, **kwargs: Any) -> Any:
@@ -288,7 +288,8 @@ def test_fulltext_only_candidates_get_their_own_cosine(corpus: KnowledgeBase) ->
         return hits[:1], method
 
     with mock.patch("search.services.vector_search", nearest_only):
-        outcome = services.search(corpus, services.SearchRequest(mode="hybrid", **request))  # type: ignore[arg-type]
+        outcome = services.search(corpus, services.SearchRequest(query="月季 评标 pytest", top_k=10, mode="hybrid",
+                                                                 rerank=False))
     filled = [r for r in outcome.results if r.vector_rank is None]
     assert len(filled) >= 2 and sum(r.vector_rank is not None for r in outcome.results) == 1
     for result in filled:
