@@ -55,6 +55,23 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
 # 4 = 向量方式每条伪查询都造拿掉答案的变体、每条算 3 条（search.relevance.ABSENT）
 MODEL_REVISION = 4
 
+# 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5：分块更少的库
+# （一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5，混合方式对的第一名中位数只有 0.015。
+# cmrc2018 里抽出的 40 个 1~6 块的小库（docs/EVALUATION.md“2026-11-30：三块的库”）：
+# - 向量与混合从 3 块起学得出：3~4 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.97，
+#   混合 1.00 / 0.17 → 1.00 / 0.77，别的话题的问题第一名均值 ≤ 0.15；2 块时那个均值 0.26~0.29（超过 0.2），
+#   1 块的库造不出反例，一种方式也学不出；
+# - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它
+MODE_MIN_CHUNKS: dict[str, int] = {"vector": 3, "fulltext": 5, "hybrid": 3}
+# 少于这么多个可检索分块的库不拟合（哪种方式都学不出来）
+MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
+
+
+def minimums_crossed(before: int, after: int) -> bool:
+    """知识库的分块从 ``before`` 个变成 ``after`` 个，是否刚够某种方式拟合（:data:`MODE_MIN_CHUNKS`）：
+    这时该马上拟合，不必等分块数变够两成、也不受“离上次拟合至少十分钟”的限制——这样的时刻一个库一生只有几次。"""
+    return any(before < least <= after for least in MODE_MIN_CHUNKS.values())
+
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
 FEATURE_SIGNS: dict[str, int] = {
     "similarity": 1, "similarity_gap": 1, "similarity_lift": 1, "vector_rank": -1,

@@ -50,6 +50,10 @@ class RelevanceProfile(models.Model):
     # 分块的汉字写法（hans 简体、hant 繁体，汉字太少时为空）：向量一路先把问题转成这种写法再算向量
     script = models.CharField("汉字写法", max_length=8, blank=True, default="")
     chunk_count = models.BigIntegerField("拟合时的可检索分块数")
+    # 拟合时已完成文档的 chunk_count 之和（含父块）：search.relevance.profiles_due 拿它与现在的同一个和相比，
+    # 判断库变了多少。不能拿 chunk_count 比——父子分块的库两者总差着父块，没有变化也每隔十分钟重新拟合一次。
+    # 这个字段之前拟合的模型为空，按 chunk_count 计
+    document_chunk_count = models.BigIntegerField("拟合时文档表上的分块数（含父块）", null=True, blank=True)
     queries = models.PositiveIntegerField("伪查询数")
     seed = models.IntegerField("随机种子")
     validation = models.JSONField("自测结果", default=dict)

@@ -6,10 +6,11 @@
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数；每种方式另有自己的下限（:data:`MODE_MIN_CHUNKS`）。
-- 何时拟合（:func:`relevance_refresh`，定时任务每分钟检查一次）：还没有模型而分块已经够了、或模型的做法过时，
-  下一分钟就拟合——新库摄取完到有自己的分数最多等一两分钟（以前每 10 分钟才查一次，新用户摄取完马上试搜，
-  看到的是全局校准的分数，向量方式一条都到不了 0.5）；可检索分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、
-  删除之后）时重新拟合，但离上次拟合至少 ``REFIT_INTERVAL``：大批摄取期间不至于一分钟拟合一次。
+- 何时拟合（:func:`relevance_refresh`，定时任务每分钟检查一次）：还没有模型而分块已经够了、分块刚够又一种方式
+  拟合（3 块时拟合过，到 5 块全文方式才学得出）、或模型的做法过时，下一分钟就拟合——新库摄取完到有自己的分数最多等
+  一两分钟（以前每 10 分钟才查一次，新用户摄取完马上试搜，看到的是全局校准的分数，向量方式一条都到不了 0.5）；
+  分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）时重新拟合，但离上次拟合至少 ``REFIT_INTERVAL``：
+  大批摄取期间不至于一分钟拟合一次。分块数都按文档表上的 ``chunk_count`` 之和算（含父块，:func:`document_chunks`）。
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from knowledge.models import KnowledgeBase
 from raglib.analysis import text_script
 from raglib.relevance import (
     DEFAULT_DROP_SHARE,
+    MIN_CHUNKS,
     MODE_FEATURES,
+    MODE_MIN_CHUNKS,
     MODEL_REVISION,
     DropShare,
     Evidence,
@@ -42,6 +45,7 @@ from raglib.relevance import (
     ambiguous,
     candidate_features,
     fit_model,
+    minimums_crossed,
     pseudo_queries,
     reciprocal_rank,
     without,
@@ -52,16 +56,6 @@ from search.models import RelevanceProfile
 
 logger = structlog.get_logger(__name__)
 
-# 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5：分块更少的库
-# （一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5，混合方式对的第一名中位数只有 0.015。
-# cmrc2018 里抽出的 40 个 1~6 块的小库（docs/EVALUATION.md“2026-11-30：三块的库”）：
-# - 向量与混合从 3 块起学得出：3~4 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.97，
-#   混合 1.00 / 0.17 → 1.00 / 0.77，别的话题的问题第一名均值 ≤ 0.15；2 块时那个均值 0.26~0.29（超过 0.2），
-#   1 块的库造不出反例，一种方式也学不出；
-# - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它
-MODE_MIN_CHUNKS: dict[str, int] = {"vector": 3, "fulltext": 5, "hybrid": 3}
-# 少于这么多个可检索分块的库不拟合（哪种方式都学不出来）
-MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
 REFIT_CHANGE = 0.2
 REFIT_INTERVAL = timedelta(minutes=10)
 DEFAULT_QUERIES = 300
@@ -244,8 +238,9 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
-            "script": text_script(text for _, text in chunks),
-            "chunk_count": len(chunks), "queries": count, "seed": seed, "validation": validation,
+            "script": text_script(text for _, text in chunks), "chunk_count": len(chunks),
+            "document_chunk_count": document_chunks(kb.id).get(kb.id, 0),
+            "queries": count, "seed": seed, "validation": validation,
         })
     profiles.forget(kb.id)
     logger.info("relevance_fitted", knowledge_base_id=str(kb.id), queries=count, validation=validation)
@@ -258,25 +253,33 @@ def relevance_forget(*, kb: KnowledgeBase) -> None:
     profiles.forget(kb.id)
 
 
+def document_chunks(only: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
+    """各知识库已完成文档的 ``chunk_count`` 之和（含父块；``only`` 给出时只算这一个库）：按文档表汇总，不数分块表
+    （百万分块的库上数分块表是一次全表扫描）。"""
+    documents = Document.objects.filter(status=Document.Status.COMPLETED)
+    if only is not None:
+        documents = documents.filter(knowledge_base_id=only)
+    return dict(documents.values_list("knowledge_base_id")
+                .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
+
+
 def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
-    （升级之后），或分块数变化较大且离上次拟合已过 ``REFIT_INTERVAL``。分块数取已完成文档的 ``chunk_count``
-    之和（按文档表汇总，不数分块表：百万分块的库上数分块表是一次全表扫描）。"""
-    documents = Document.objects.filter(status=Document.Status.COMPLETED)
+    （升级之后）、分块数刚够某种方式拟合（:func:`raglib.relevance.minimums_crossed`：3 块的库拟合之后又来了两块，
+    全文方式这才学得出，不必等），或分块数变化较大且离上次拟合已过 ``REFIT_INTERVAL``。分块数是
+    :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。"""
     fitted_profiles = RelevanceProfile.objects.all()
     enabled = KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED)
     if only is not None:
-        documents = documents.filter(knowledge_base_id=only)
         fitted_profiles = fitted_profiles.filter(knowledge_base_id=only)
         enabled = enabled.filter(id=only)
-    counts = dict(documents.values_list("knowledge_base_id")
-                  .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
+    counts = document_chunks(only)
     fitted: dict[uuid.UUID, int] = {}
     outdated: set[uuid.UUID] = set()
     recent: set[uuid.UUID] = set()
-    for kb_id, chunk_count, mode_models, fitted_at in fitted_profiles.values_list(
-            "knowledge_base_id", "chunk_count", "mode_models", "fitted_at"):
-        fitted[kb_id] = chunk_count
+    for kb_id, chunk_count, document_chunk_count, mode_models, fitted_at in fitted_profiles.values_list(
+            "knowledge_base_id", "chunk_count", "document_chunk_count", "mode_models", "fitted_at"):
+        fitted[kb_id] = chunk_count if document_chunk_count is None else document_chunk_count
         models = [RelevanceModel.from_dict(data) for data in mode_models.values()]
         # 拟合做法更新过的旧模型仍可用（查询时照用），但要重新拟合
         if not all(profiles.current(model) and model.revision == MODEL_REVISION for model in models):
@@ -289,8 +292,8 @@ def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
         before = fitted.get(kb.id)
         if chunks < MIN_CHUNKS:
             continue
-        changed = before is not None and abs(chunks - before) > REFIT_CHANGE * max(before, 1) and kb.id not in recent
-        if before is None or kb.id in outdated or changed:
+        if before is None or kb.id in outdated or minimums_crossed(before, chunks) or (
+                abs(chunks - before) > REFIT_CHANGE * max(before, 1) and kb.id not in recent):
             due.append(kb)
     return due
 

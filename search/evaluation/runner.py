@@ -122,7 +122,7 @@ class EvaluationReport:
     score_source: str = "global"
     fit_seconds: float = 0.0
     # 有模型（本库的或借来的）时，其中没有这种方式的模型、这种方式仍用全局校准的那些（分块不够，见
-    # ``search.relevance.MODE_MIN_CHUNKS``；或伪查询只有一类、学不出单调的模型）
+    # ``raglib.relevance.MODE_MIN_CHUNKS``；或伪查询只有一类、学不出单调的模型）
     global_modes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:

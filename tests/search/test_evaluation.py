@@ -26,11 +26,11 @@ from raglib.evaluation.metrics import (
     percentile,
     recall_at_k,
 )
+from raglib.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS
 from search.evaluation.runner import embedding_inputs
 from search.evaluation.sample import PASSAGES as SAMPLE_PASSAGES
 from search.evaluation.sample import QUERIES as SAMPLE_QUERIES
 from search.evaluation.sample import write_sample_dataset
-from search.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS
 
 # ---------------------------------------------------------------- 指标（手算）
 

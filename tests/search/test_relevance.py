@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import random
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,11 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
-from raglib.relevance import DropShare, PseudoQuery, fit_model
+from raglib.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS, DropShare, PseudoQuery, fit_model, minimums_crossed
 from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import (
     DROP_SHARES,
-    MIN_CHUNKS,
-    MODE_MIN_CHUNKS,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
     label_for,
@@ -49,6 +48,15 @@ def ingest_topics(client: Any, kb: KnowledgeBase) -> None:
         details = ["".join(random.Random(index * 10 + i).sample(DETAILS, 16)) for i in range(6)]
         body = "\n\n".join(f"{topic}第{i}种情况的处理方法：{detail}。" for i, detail in enumerate(details))
         ingest_text(client, kb, f"{topic}.md", f"# {topic}\n\n{body}")
+
+
+def ingest_one_chunk_topics(client: Any, kb: KnowledgeBase, indexes: Iterable[int]) -> None:
+    """每个主题一篇只有一个分块的短文档。"""
+    for index in indexes:
+        topic = TOPICS[index]
+        details = [DETAILS[index * 8 + i:index * 8 + i + 6] for i in range(6)]
+        sentences = "".join(f"{topic}第{i}种情况的处理方法是{detail}。" for i, detail in enumerate(details))
+        ingest_text(client, kb, f"{topic}.md", f"# {topic}\n\n{sentences}")
 
 
 @pytest.fixture
@@ -189,10 +197,7 @@ def test_each_mode_needs_its_own_number_of_chunks(client_rw: Any, kb_factory: An
     """三个分块的库学得出向量与混合方式的模型，全文方式要五块（MODE_MIN_CHUNKS）：那种方式的检索用全局校准。"""
     assert MODE_MIN_CHUNKS["vector"] == MODE_MIN_CHUNKS["hybrid"] == MIN_CHUNKS < MODE_MIN_CHUNKS["fulltext"]
     kb = kb_factory()
-    for index, topic in enumerate(TOPICS[:MIN_CHUNKS]):
-        details = [DETAILS[index * 8 + i:index * 8 + i + 6] for i in range(6)]
-        sentences = "".join(f"{topic}第{i}种情况的处理方法是{detail}。" for i, detail in enumerate(details))
-        ingest_text(client_rw, kb, f"{topic}.md", f"# {topic}\n\n{sentences}")
+    ingest_one_chunk_topics(client_rw, kb, range(MIN_CHUNKS))
     call_command("fit_relevance", "--kb", kb.name, "--queries", "30")
     assert f"fulltext：可检索分块少于 {MODE_MIN_CHUNKS['fulltext']} 个" in capsys.readouterr().out
     profile = RelevanceProfile.objects.get(knowledge_base=kb)
@@ -203,6 +208,27 @@ def test_each_mode_needs_its_own_number_of_chunks(client_rw: Any, kb_factory: An
                         for mode in ("fulltext", "vector"))
     assert fulltext.results and not any(r.learned for r in fulltext.results)
     assert vector.results and all(r.learned for r in vector.results)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mode_reaching_its_minimum_is_fitted_at_once(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> None:
+    """三块时拟合了向量与混合方式；到第五块全文方式才够（MODE_MIN_CHUNKS）：马上重新拟合，不等分块数变够两成之后
+    再过 REFIT_INTERVAL——第四块不算（变了三成多，但刚拟合过，也没有哪种方式因此够了）。"""
+    kb = kb_factory()
+    ingest_one_chunk_topics(client_rw, kb, range(3))
+    assert relevance_refresh(only=kb.id) == [kb]
+    assert "fulltext" not in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+    ingest_one_chunk_topics(client_rw, kb, [3])
+    assert profiles_due(only=kb.id) == []
+    ingest_one_chunk_topics(client_rw, kb, [4])
+    assert relevance_refresh(only=kb.id) == [kb]
+    assert "fulltext" in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+
+
+def test_minimums_crossed_only_when_a_mode_becomes_fittable() -> None:
+    assert [after for after in range(8) if minimums_crossed(0, after)] == [3, 4, 5, 6, 7]
+    assert [after for after in range(8) if minimums_crossed(3, after)] == [5, 6, 7]
+    assert not minimums_crossed(5, 100) and not minimums_crossed(7, 2)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -228,6 +254,20 @@ def test_refresh_fits_new_and_changed_knowledge_bases_only(client_rw: Any, libra
     assert library not in profiles_due()
     RelevanceProfile.objects.filter(knowledge_base=library).update(fitted_at=timezone.now() - REFIT_INTERVAL)
     assert library in profiles_due() and profiles_due(only=library.id) == [library]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parent_child_knowledge_base_is_not_refitted_while_unchanged(client_rw: Any, kb_factory: Any,
+                                                                    fake_embedder: Any) -> None:
+    """父子分块的库：文档表上的分块数含父块，拟合只用可检索的子块。两个数以前直接相比，差值总超过两成，
+    没有任何变化的库每过 REFIT_INTERVAL 就重新拟合一次（每次几十秒，占着主队列）。"""
+    kb = kb_factory(chunking={"strategy": "parent_child", "chunk_size": 24, "overlap": 0, "parent_size": 48})
+    ingest_topics(client_rw, kb)
+    assert DocumentChunk.objects.filter(knowledge_base=kb, role="parent").count() >= 0.2 * \
+        DocumentChunk.objects.filter(knowledge_base=kb, role="child").count()
+    assert relevance_refresh(only=kb.id) == [kb]
+    RelevanceProfile.objects.filter(knowledge_base=kb).update(fitted_at=timezone.now() - REFIT_INTERVAL)
+    assert kb not in profiles_due()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from knowledge.management.options import knowledge_base_option
 from knowledge.models import KnowledgeBase
-from raglib.relevance import DropShare
-from search.relevance import DEFAULT_QUERIES, DROP_SHARES, MIN_CHUNKS, MODE_MIN_CHUNKS, relevance_fit
+from raglib.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS, DropShare
+from search.relevance import DEFAULT_QUERIES, DROP_SHARES, relevance_fit
 
 
 class Command(BaseCommand):
