@@ -65,6 +65,7 @@ from raglib.parsing import ParsedDocument, ParseError, get_ocr_engine
 from raglib.parsing.base import Segment
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError, EmbeddingProvider
+from raglib.relevance import MODE_MIN_CHUNKS, minimums_crossed
 
 logger = structlog.get_logger(__name__)
 
@@ -388,6 +389,15 @@ def build_rows(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
 FULLTEXT_COMPACT_TASK_FUNC = "ops.tasks.compact_fulltext"
 # 暂不进图的分块由任务层插进知识库自己的图（``ops.tasks.flush_vector_pending``，它调用 search.ann），同样按名字入队
 VECTOR_FLUSH_TASK_FUNC = "ops.tasks.flush_vector_pending"
+# 相关概率模型的拟合由任务层执行（``ops.tasks.refresh_relevance_profiles``，它调用 search.relevance），按名字入队
+RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
+# 知识库里别的已完成文档的分块数：最多看这么多篇（每篇至少一块）。看满了，这次写入之前的分块数就不少于它，
+# 任何一种方式的下限（最大的是 5）都不会因这次写入才够（见 _fittable_now）
+_OTHERS_PROBE = max(MODE_MIN_CHUNKS.values())
+_OTHERS_SQL = (
+    "SELECT coalesce(sum(chunk_count), 0) FROM (SELECT chunk_count FROM documents WHERE knowledge_base_id = %s"
+    " AND status = 'completed' AND chunk_count > 0 AND id <> %s LIMIT %s) d"
+)
 
 _COPY_SQL = (
     "COPY document_chunks (id, knowledge_base_id, document_id, chunk_index, chunk_text, metadata, embedding, "
@@ -431,7 +441,8 @@ def ann_placement(cursor: Any, kb_id: Any, chunks: int) -> AnnPlacement:
 def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
                 vectors: Sequence[np.ndarray | None]) -> None:
     """在调用方的事务里把文档的分块整体换成新的一组（COPY 批量写入，全文列由 build_rows 生成）。"""
-    DocumentChunk.objects.filter(document_id=run.document.pk).delete()
+    _, deleted = DocumentChunk.objects.filter(document_id=run.document.pk).delete()
+    replaced = deleted.get(DocumentChunk._meta.label, 0)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT nextval(pg_get_serial_sequence('document_chunks', 'id')) FROM generate_series(1, %s)",
@@ -447,6 +458,23 @@ def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
         enqueue(FULLTEXT_COMPACT_TASK_FUNC, str(run.kb.pk), due_only=True, cluster=settings.FAST_QUEUE)
     if placement.pending and _counted(_pending_chunks, run.kb.pk, len(drafts), _flush_batch()):
         enqueue(VECTOR_FLUSH_TASK_FUNC, str(run.kb.pk), cluster=settings.FAST_QUEUE)
+    if settings.RELEVANCE_FIT_ON_WRITE and _fittable_now(run, replaced, len(drafts)):
+        # 与定时任务同一个队列（主队列）、同一个计时上限；任务自己再按 profiles_due 判断一次
+        enqueue(RELEVANCE_TASK_FUNC, str(run.kb.pk), timeout=settings.MAINTENANCE_TIMEOUT)
+
+
+def _fittable_now(run: Run, replaced: int, written: int) -> bool:
+    """这次写入（换掉本文档原有的 ``replaced`` 个分块、写进 ``written`` 个）是否让知识库刚够某种方式拟合相关概率
+    模型（:func:`raglib.relevance.minimums_crossed`）。
+
+    新库的第一次拟合以前要等每分钟的定时任务：README 的第一条命令起服务、传三个小文件，100 秒后分数才换成本库的，
+    这之前向量方式的正确答案只有 0.05。这样的时刻一个库只有几次，按它入队不会塞满队列（批量写入一千个条目也只排
+    一两次）；别的重新拟合（分块数变了两成）仍归定时任务。两个写入同时把库推过下限时可能都没看见对方、都不排，
+    那就等定时任务。"""
+    with connection.cursor() as cursor:
+        cursor.execute(_OTHERS_SQL, [run.kb.pk, run.document.pk, _OTHERS_PROBE])
+        others = int(cursor.fetchone()[0])
+    return minimums_crossed(others + replaced, others + written)
 
 
 # 本进程写进各知识库、还没为之排过合并的分块数，与还没为之排过“插进图里”的暂不进图的分块数（见 _counted）

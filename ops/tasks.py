@@ -77,10 +77,11 @@ def flush_vector_pending(kb_id: str | None = None, request_id: str | None = None
         flush_pending(kb_id=uuid.UUID(kb_id) if kb_id else None)
 
 
-def refresh_relevance_profiles() -> None:
-    """为新的或变化较大的知识库（重新）拟合相关概率模型（``search.relevance``）；定时执行，幂等。"""
-    with task_context("relevance_refresh", None):
-        fitted = relevance_refresh()
+def refresh_relevance_profiles(kb_id: str | None = None, request_id: str | None = None) -> None:
+    """为新的或变化较大的知识库（重新）拟合相关概率模型（``search.relevance``），幂等：定时任务看所有知识库；
+    写入让一个库的分块刚够某种方式拟合时按知识库入队（``documents.ingestion.copy_chunks``），只看这一个。"""
+    with task_context("relevance_refresh", request_id, kb_id=kb_id):
+        fitted = relevance_refresh(only=uuid.UUID(kb_id) if kb_id else None)
         if fitted:
             logger.info("relevance_profiles_refreshed", knowledge_bases=[str(kb.id) for kb in fitted])
 

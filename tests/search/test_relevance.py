@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import random
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.sql import emit_post_migrate_signal
 from django.utils import timezone
-from django_q.models import Schedule
+from django_q.models import Schedule, Task
 
 from bench.helpers.xlmr_models import build_embedding_model
 from documents.models import DocumentChunk
@@ -223,6 +224,55 @@ def test_a_mode_reaching_its_minimum_is_fitted_at_once(client_rw: Any, kb_factor
     ingest_one_chunk_topics(client_rw, kb, [4])
     assert relevance_refresh(only=kb.id) == [kb]
     assert "fulltext" in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+
+
+@pytest.mark.django_db(transaction=True)
+def test_writes_that_make_a_mode_fittable_fit_at_once(client_rw: Any, kb_factory: Any, fake_embedder: Any,
+                                                      settings: Any) -> None:
+    """写入让库的分块刚够 3 块、5 块时立即拟合（任务在测试里同步执行），不等每分钟的定时任务；别的写入不排拟合。
+    条目的写入与文件的摄取走同一个写分块的函数。"""
+    settings.RELEVANCE_FIT_ON_WRITE = True
+    kb = kb_factory()
+    ingest_one_chunk_topics(client_rw, kb, range(2))
+    assert not RelevanceProfile.objects.filter(knowledge_base=kb).exists()
+    # 第三块是一个知识条目（同步写入）
+    item = f"/knowledge_bases/{kb.id}/items/note"
+    stored = client_rw.put(item, {"content": "招标第1种情况的处理方法是公开招标，评标委员会按评分办法打分。"},
+                           format="json")
+    assert stored.status_code in (200, 201), stored.content
+    first = RelevanceProfile.objects.get(knowledge_base=kb)
+    assert first.document_chunk_count == 3 and "vector" in first.mode_models and "fulltext" not in first.mode_models
+    ingest_one_chunk_topics(client_rw, kb, [3])
+    assert RelevanceProfile.objects.get(knowledge_base=kb).fitted_at == first.fitted_at
+    ingest_one_chunk_topics(client_rw, kb, [4])
+    fifth = RelevanceProfile.objects.get(knowledge_base=kb)
+    assert fifth.document_chunk_count == 5 and "fulltext" in fifth.mode_models
+    # 改写条目、分块数不变（换掉一块、写进一块）：不排
+    changed = client_rw.put(item, {"content": "招标第2种情况的处理方法是邀请招标，至少邀请三家投标人。"}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert RelevanceProfile.objects.get(knowledge_base=kb).fitted_at == fifth.fitted_at
+    # 一共只排过两次（第 3 块、第 5 块）
+    assert Task.objects.filter(func=RELEVANCE_TASK_FUNC).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_that_cached_no_model_sees_the_new_one_within_seconds(library: KnowledgeBase,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """别的进程（worker）拟合好之后，之前缓存了“没有模型”的检索进程 UNFITTED_TTL 秒内就换成本库模型；
+    有了本库模型的缓存照旧 30 秒。"""
+    assert profiles.model_origin(library.id) == "global"
+    stale = profiles._cache[library.id]
+    relevance_fit(kb=library, queries=30, seed=0)
+    profiles._cache[library.id] = stale  # 拟合在另一个进程里：这个进程的缓存没人清
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + profiles.UNFITTED_TTL / 2)
+    assert profiles.model_origin(library.id) == "global"
+    monkeypatch.setattr(time, "monotonic", lambda: now + profiles.UNFITTED_TTL + 1)
+    assert profiles.model_origin(library.id) == "own"
+    # 本库模型的缓存不按 UNFITTED_TTL 重读：模型删了（别的进程里），这个进程 30 秒内照旧用缓存的
+    RelevanceProfile.objects.filter(knowledge_base=library).delete()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 3 * profiles.UNFITTED_TTL)
+    assert profiles.model_origin(library.id) == "own"
 
 
 def test_minimums_crossed_only_when_a_mode_becomes_fittable() -> None:
