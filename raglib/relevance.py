@@ -68,8 +68,8 @@ MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
 
 
 def minimums_crossed(before: int, after: int) -> bool:
-    """知识库的分块从 ``before`` 个变成 ``after`` 个，是否刚够某种方式拟合（:data:`MODE_MIN_CHUNKS`）：
-    这时该马上拟合，不必等分块数变够两成、也不受“离上次拟合至少十分钟”的限制——这样的时刻一个库一生只有几次。"""
+    """知识库的分块从 ``before`` 个变成 ``after`` 个，是否刚够某种方式拟合（:data:`MODE_MIN_CHUNKS`）：这时该马上
+    拟合，不等定时任务——这样的时刻一个库一生只有几次（``documents.ingestion`` 按它入队）。"""
     return any(before < least <= after for least in MODE_MIN_CHUNKS.values())
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model

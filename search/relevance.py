@@ -6,11 +6,11 @@
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数；每种方式另有自己的下限（:data:`MODE_MIN_CHUNKS`）。
-- 何时拟合（:func:`relevance_refresh`，定时任务每分钟检查一次）：还没有模型而分块已经够了、分块刚够又一种方式
-  拟合（3 块时拟合过，到 5 块全文方式才学得出）、或模型的做法过时，下一分钟就拟合——新库摄取完到有自己的分数最多等
-  一两分钟（以前每 10 分钟才查一次，新用户摄取完马上试搜，看到的是全局校准的分数，向量方式一条都到不了 0.5）；
-  分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）时重新拟合，但离上次拟合至少 ``REFIT_INTERVAL``：
-  大批摄取期间不至于一分钟拟合一次。分块数都按文档表上的 ``chunk_count`` 之和算（含父块，:func:`document_chunks`）。
+- 何时拟合（:func:`relevance_refresh`）：写入让库的分块刚够某种方式拟合（3 块、5 块）时立即排一次
+  （``documents.ingestion.copy_chunks``），定时任务每分钟再检查一次：还没有模型而分块已经够了、或模型的做法过时，
+  下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）时重新拟合，但离上次拟合至少
+  ``REFIT_INTERVAL``：大批摄取期间不至于一分钟拟合一次——拟合时不到 :data:`PROVISIONAL_CHUNKS` 块的临时模型除外。
+  分块数都按文档表上的 ``chunk_count`` 之和算（含父块，:func:`document_chunks`）。
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from raglib.relevance import (
     ambiguous,
     candidate_features,
     fit_model,
-    minimums_crossed,
     pseudo_queries,
     reciprocal_rank,
     without,
@@ -58,6 +57,11 @@ logger = structlog.get_logger(__name__)
 
 REFIT_CHANGE = 0.2
 REFIT_INTERVAL = timedelta(minutes=10)
+# 拟合时不到这么多个分块的模型算临时的：库又变了两成就在下一次检查时重新拟合，不等 REFIT_INTERVAL。新库写进第 3 块
+# 就拟合（documents.ingestion.copy_chunks），批量导入时接下来十分钟要是一直用 3 块学出的模型给几百块的库打分，还不如
+# 以前定时任务碰到多少块就拟合多少块；评测摄取完替库拟合（search.evaluation.runner.fit_when_due）时也会因为刚拟合过
+# 而量到 3 块的模型。不到 30 块的库句子少、伪查询少，拟合几秒钟，多拟合几次不费什么：批量导入时库很快就过了 30 块
+PROVISIONAL_CHUNKS = 30
 DEFAULT_QUERIES = 300
 # 每种方式的伪查询是 DEFAULT_QUERIES（或 --queries）的几倍。混合方式的模型只有斜率与截距（全局校准的对数几率之上），
 # 真实问题里许多相关结果的分数就在 0.5 上下，斜率差一点召回率就差很多：0.5 处的召回率在 10 个种子间，300 条时
@@ -265,9 +269,9 @@ def document_chunks(only: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
 
 def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
-    （升级之后）、分块数刚够某种方式拟合（:func:`raglib.relevance.minimums_crossed`：3 块的库拟合之后又来了两块，
-    全文方式这才学得出，不必等），或分块数变化较大且离上次拟合已过 ``REFIT_INTERVAL``。分块数是
-    :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。"""
+    （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到 :data:`PROVISIONAL_CHUNKS`
+    块的临时模型不等：3 块的库拟合之后又来了两块，全文方式这才学得出）。分块数是 :func:`document_chunks`，
+    与拟合时记下的同一个和（``document_chunk_count``）相比。"""
     fitted_profiles = RelevanceProfile.objects.all()
     enabled = KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED)
     if only is not None:
@@ -292,8 +296,8 @@ def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
         before = fitted.get(kb.id)
         if chunks < MIN_CHUNKS:
             continue
-        if before is None or kb.id in outdated or minimums_crossed(before, chunks) or (
-                abs(chunks - before) > REFIT_CHANGE * max(before, 1) and kb.id not in recent):
+        if before is None or kb.id in outdated or (abs(chunks - before) > REFIT_CHANGE * max(before, 1)
+                                                   and (kb.id not in recent or before < PROVISIONAL_CHUNKS)):
             due.append(kb)
     return due
 

@@ -31,6 +31,8 @@ from search.evaluation.runner import embedding_inputs
 from search.evaluation.sample import PASSAGES as SAMPLE_PASSAGES
 from search.evaluation.sample import QUERIES as SAMPLE_QUERIES
 from search.evaluation.sample import write_sample_dataset
+from search.models import RelevanceProfile
+from search.relevance import relevance_fit
 
 # ---------------------------------------------------------------- 指标（手算）
 
@@ -250,6 +252,21 @@ def test_evaluate_scores_with_the_model_the_service_would_fit(tmp_path: Path, fa
     output = capsys.readouterr()
     assert "分数：本库自己的相关概率模型（本次拟合" in output.out
     assert any(line.startswith("拟合相关概率模型：完成") for line in output.err.splitlines())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_fits_on_every_chunk_even_when_ingest_fitted_early(tmp_path: Path, fake_embedder: Any,
+                                                                    settings: Any) -> None:
+    """服务在库写进第 3、第 5 块时就拟合（RELEVANCE_FIT_ON_WRITE）；评测的摄取走同一条路，那两次拟合之后“刚拟合过”，
+    摄取完的那次拟合也照样做（临时模型不等 REFIT_INTERVAL）：量的是用全部分块学出的模型，不是 5 块的。"""
+    settings.RELEVANCE_FIT_ON_WRITE = True
+    root = _write_topic_dataset(tmp_path / "topics")
+    call_command("evaluate", str(root), "--modes", "vector", "--keep", "--no-progress")
+    kb = KnowledgeBase.objects.get(name__startswith="eval-topics")
+    profile = RelevanceProfile.objects.get(knowledge_base=kb)
+    assert profile.document_chunk_count == DocumentChunk.objects.filter(knowledge_base=kb).count() > 5
+    refitted = relevance_fit(kb=kb)
+    assert refitted is not None and refitted.mode_models == profile.mode_models
 
 
 @pytest.mark.django_db(transaction=True)

@@ -28,6 +28,7 @@ from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import (
     DROP_SHARES,
+    PROVISIONAL_CHUNKS,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
     label_for,
@@ -212,18 +213,22 @@ def test_each_mode_needs_its_own_number_of_chunks(client_rw: Any, kb_factory: An
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_mode_reaching_its_minimum_is_fitted_at_once(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> None:
-    """三块时拟合了向量与混合方式；到第五块全文方式才够（MODE_MIN_CHUNKS）：马上重新拟合，不等分块数变够两成之后
-    再过 REFIT_INTERVAL——第四块不算（变了三成多，但刚拟合过，也没有哪种方式因此够了）。"""
+def test_provisional_models_are_refitted_without_waiting(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> None:
+    """拟合时不到 PROVISIONAL_CHUNKS 块的模型是临时的：库变了两成就重新拟合，不等 REFIT_INTERVAL（三块时没有全文方式
+    的模型，到第五块才学得出；库在批量导入时也不会十分钟都用三块学出的模型）；够了 PROVISIONAL_CHUNKS 块的照旧等。"""
     kb = kb_factory()
     ingest_one_chunk_topics(client_rw, kb, range(3))
     assert relevance_refresh(only=kb.id) == [kb]
     assert "fulltext" not in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
     ingest_one_chunk_topics(client_rw, kb, [3])
-    assert profiles_due(only=kb.id) == []
+    assert relevance_refresh(only=kb.id) == [kb]
     ingest_one_chunk_topics(client_rw, kb, [4])
     assert relevance_refresh(only=kb.id) == [kb]
     assert "fulltext" in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+    assert relevance_refresh(only=kb.id) == []
+    # 同一个库要是在 PROVISIONAL_CHUNKS 块时拟合的：变了两成也要等 REFIT_INTERVAL
+    RelevanceProfile.objects.filter(knowledge_base=kb).update(document_chunk_count=PROVISIONAL_CHUNKS)
+    assert profiles_due(only=kb.id) == []
 
 
 @pytest.mark.django_db(transaction=True)
