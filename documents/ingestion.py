@@ -65,7 +65,7 @@ from raglib.parsing import ParsedDocument, ParseError, get_ocr_engine
 from raglib.parsing.base import Segment
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError, EmbeddingProvider
-from raglib.relevance import MODE_MIN_CHUNKS, minimums_crossed
+from raglib.relevance import MODE_MIN_CHUNKS, fit_on_write
 
 logger = structlog.get_logger(__name__)
 
@@ -465,7 +465,7 @@ def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
 
 def _fittable_now(run: Run, replaced: int, written: int) -> bool:
     """这次写入（换掉本文档原有的 ``replaced`` 个分块、写进 ``written`` 个）是否让知识库刚够某种方式拟合相关概率
-    模型（:func:`raglib.relevance.minimums_crossed`）。
+    模型、而库还小（:func:`raglib.relevance.fit_on_write`）。
 
     新库的第一次拟合以前要等每分钟的定时任务：README 的第一条命令起服务、传三个小文件，100 秒后分数才换成本库的，
     这之前向量方式的正确答案只有 0.05。这样的时刻一个库只有几次，按它入队不会塞满队列（批量写入一千个条目也只排
@@ -474,7 +474,7 @@ def _fittable_now(run: Run, replaced: int, written: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(_OTHERS_SQL, [run.kb.pk, run.document.pk, _OTHERS_PROBE])
         others = int(cursor.fetchone()[0])
-    return minimums_crossed(others + replaced, others + written)
+    return fit_on_write(others + replaced, others + written)
 
 
 # 本进程写进各知识库、还没为之排过合并的分块数，与还没为之排过“插进图里”的暂不进图的分块数（见 _counted）

@@ -67,10 +67,17 @@ MODE_MIN_CHUNKS: dict[str, int] = {"vector": 3, "fulltext": 5, "hybrid": 3}
 MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
 
 
-def minimums_crossed(before: int, after: int) -> bool:
-    """知识库的分块从 ``before`` 个变成 ``after`` 个，是否刚够某种方式拟合（:data:`MODE_MIN_CHUNKS`）：这时该马上
-    拟合，不等定时任务——这样的时刻一个库一生只有几次（``documents.ingestion`` 按它入队）。"""
-    return any(before < least <= after for least in MODE_MIN_CHUNKS.values())
+# 拟合时不到这么多个分块的模型算临时的（``search.relevance.profiles_due``）：库又变了两成就在下一次检查时重新拟合，
+# 不等“离上次拟合至少十分钟”——3 块时拟合过的库到 5 块才学得出全文方式的模型。写入也只替这么小的库立即拟合
+# （:func:`fit_on_write`）：小库句子少、伪查询少，拟合几秒钟；批量导入的库第一篇长文档就有几十块，要是那时就拟合，
+# 接下来十分钟都用一篇文档学出的模型打分（伪查询的候选全在同一篇里，往往一种方式也学不出），不如照旧交给定时任务
+PROVISIONAL_CHUNKS = 30
+
+
+def fit_on_write(before: int, after: int) -> bool:
+    """写入让知识库的分块从 ``before`` 个变成 ``after`` 个，是否该立即拟合（``documents.ingestion`` 按它入队）：
+    刚够某种方式拟合（:data:`MODE_MIN_CHUNKS`），而库还不到 :data:`PROVISIONAL_CHUNKS` 块。一个库一生只有一两次。"""
+    return after < PROVISIONAL_CHUNKS and any(before < least <= after for least in MODE_MIN_CHUNKS.values())
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
 FEATURE_SIGNS: dict[str, int] = {

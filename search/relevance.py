@@ -6,11 +6,12 @@
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数；每种方式另有自己的下限（:data:`MODE_MIN_CHUNKS`）。
-- 何时拟合（:func:`relevance_refresh`）：写入让库的分块刚够某种方式拟合（3 块、5 块）时立即排一次
-  （``documents.ingestion.copy_chunks``），定时任务每分钟再检查一次：还没有模型而分块已经够了、或模型的做法过时，
-  下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）时重新拟合，但离上次拟合至少
-  ``REFIT_INTERVAL``：大批摄取期间不至于一分钟拟合一次——拟合时不到 :data:`PROVISIONAL_CHUNKS` 块的临时模型除外。
-  分块数都按文档表上的 ``chunk_count`` 之和算（含父块，:func:`document_chunks`）。
+- 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够某种方式拟合（3 块、5 块）时立即排一次
+  （``documents.ingestion.copy_chunks``、``raglib.relevance.fit_on_write``），定时任务每分钟再检查一次：还没有模型
+  而分块已经够了、或模型的做法过时，下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）
+  时重新拟合，但离上次拟合至少 ``REFIT_INTERVAL``：大批摄取期间不至于一分钟拟合一次——拟合时不到 30 块
+  （``raglib.relevance.PROVISIONAL_CHUNKS``）的临时模型除外。分块数都按文档表上的 ``chunk_count`` 之和算（含父块，
+  :func:`document_chunks`）。
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from raglib.relevance import (
     MODE_FEATURES,
     MODE_MIN_CHUNKS,
     MODEL_REVISION,
+    PROVISIONAL_CHUNKS,
     DropShare,
     Evidence,
     PseudoQuery,
@@ -57,11 +59,6 @@ logger = structlog.get_logger(__name__)
 
 REFIT_CHANGE = 0.2
 REFIT_INTERVAL = timedelta(minutes=10)
-# 拟合时不到这么多个分块的模型算临时的：库又变了两成就在下一次检查时重新拟合，不等 REFIT_INTERVAL。新库写进第 3 块
-# 就拟合（documents.ingestion.copy_chunks），批量导入时接下来十分钟要是一直用 3 块学出的模型给几百块的库打分，还不如
-# 以前定时任务碰到多少块就拟合多少块；评测摄取完替库拟合（search.evaluation.runner.fit_when_due）时也会因为刚拟合过
-# 而量到 3 块的模型。不到 30 块的库句子少、伪查询少，拟合几秒钟，多拟合几次不费什么：批量导入时库很快就过了 30 块
-PROVISIONAL_CHUNKS = 30
 DEFAULT_QUERIES = 300
 # 每种方式的伪查询是 DEFAULT_QUERIES（或 --queries）的几倍。混合方式的模型只有斜率与截距（全局校准的对数几率之上），
 # 真实问题里许多相关结果的分数就在 0.5 上下，斜率差一点召回率就差很多：0.5 处的召回率在 10 个种子间，300 条时
@@ -267,11 +264,14 @@ def document_chunks(only: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
                 .annotate(total=Sum("chunk_count")).values_list("knowledge_base_id", "total"))
 
 
-def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
+def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
-    （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到 :data:`PROVISIONAL_CHUNKS`
-    块的临时模型不等：3 块的库拟合之后又来了两块，全文方式这才学得出）。分块数是 :func:`document_chunks`，
-    与拟合时记下的同一个和（``document_chunk_count``）相比。"""
+    （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到
+    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：3 块的库拟合之后又来了两块，全文方式这才学得出）。
+    分块数是 :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。
+
+    ``settled``：写入已经停了，要的是用全部分块学出的模型——分块数与拟合时有一点不同就拟合，不等（``manage.py
+    evaluate`` 量的是稳态：摄取时库在第 3、第 5 块就拟合过，那之后“刚拟合过”）。"""
     fitted_profiles = RelevanceProfile.objects.all()
     enabled = KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED)
     if only is not None:
@@ -296,17 +296,21 @@ def profiles_due(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
         before = fitted.get(kb.id)
         if chunks < MIN_CHUNKS:
             continue
-        if before is None or kb.id in outdated or (abs(chunks - before) > REFIT_CHANGE * max(before, 1)
-                                                   and (kb.id not in recent or before < PROVISIONAL_CHUNKS)):
+        if settled:
+            changed = chunks != before
+        else:
+            changed = before is not None and abs(chunks - before) > REFIT_CHANGE * max(before, 1) and (
+                kb.id not in recent or before < PROVISIONAL_CHUNKS)
+        if before is None or kb.id in outdated or changed:
             due.append(kb)
     return due
 
 
-def relevance_refresh(only: uuid.UUID | None = None) -> list[KnowledgeBase]:
-    """为 :func:`profiles_due` 列出的知识库（``only`` 给出时只看这一个）逐个拟合；同一知识库同一时刻只有一个
+def relevance_refresh(only: uuid.UUID | None = None, *, settled: bool = False) -> list[KnowledgeBase]:
+    """为 :func:`profiles_due` 列出的知识库（``only``、``settled`` 的意思同它）逐个拟合；同一知识库同一时刻只有一个
     执行者（advisory lock，上一轮还没拟合完时这一轮跳过它）。返回拟合了的知识库。"""
     fitted = []
-    for kb in profiles_due(only):
+    for kb in profiles_due(only, settled=settled):
         with advisory_lock(f"relevance:{kb.id}") as acquired:
             if acquired and relevance_fit(kb=kb) is not None:
                 fitted.append(kb)

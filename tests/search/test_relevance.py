@@ -23,12 +23,19 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
-from raglib.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS, DropShare, PseudoQuery, fit_model, minimums_crossed
+from raglib.relevance import (
+    MIN_CHUNKS,
+    MODE_MIN_CHUNKS,
+    PROVISIONAL_CHUNKS,
+    DropShare,
+    PseudoQuery,
+    fit_model,
+    fit_on_write,
+)
 from search import profiles, services
 from search.models import RelevanceProfile
 from search.relevance import (
     DROP_SHARES,
-    PROVISIONAL_CHUNKS,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
     label_for,
@@ -280,10 +287,12 @@ def test_a_process_that_cached_no_model_sees_the_new_one_within_seconds(library:
     assert profiles.model_origin(library.id) == "own"
 
 
-def test_minimums_crossed_only_when_a_mode_becomes_fittable() -> None:
-    assert [after for after in range(8) if minimums_crossed(0, after)] == [3, 4, 5, 6, 7]
-    assert [after for after in range(8) if minimums_crossed(3, after)] == [5, 6, 7]
-    assert not minimums_crossed(5, 100) and not minimums_crossed(7, 2)
+def test_writes_fit_at_once_only_small_knowledge_bases_reaching_a_minimum() -> None:
+    assert [after for after in range(8) if fit_on_write(0, after)] == [3, 4, 5, 6, 7]
+    assert [after for after in range(8) if fit_on_write(3, after)] == [5, 6, 7]
+    assert not fit_on_write(5, 100) and not fit_on_write(7, 2)
+    # 第一篇文档就有几十块（批量导入的长文档）：交给定时任务
+    assert fit_on_write(0, PROVISIONAL_CHUNKS - 1) and not fit_on_write(0, PROVISIONAL_CHUNKS)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -309,6 +318,10 @@ def test_refresh_fits_new_and_changed_knowledge_bases_only(client_rw: Any, libra
     assert library not in profiles_due()
     RelevanceProfile.objects.filter(knowledge_base=library).update(fitted_at=timezone.now() - REFIT_INTERVAL)
     assert library in profiles_due() and profiles_due(only=library.id) == [library]
+    # 评测（settled）要用全部分块学出的模型：变了一点也拟合，刚拟合过也不等
+    assert relevance_refresh(only=library.id) == [library]
+    ingest_text(client_rw, library, "补充.md", "# 补充\n\n又一篇短文档：只多了一个分块。")
+    assert profiles_due(only=library.id) == [] and profiles_due(only=library.id, settled=True) == [library]
 
 
 @pytest.mark.django_db(transaction=True)
