@@ -52,8 +52,10 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
 # 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
 # 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）；
 # 3 = 去完剩下的太少的句子不出题（MIN_KEPT_HAN），别的文章里有几乎同一句的不用（NEAR_COPY）；
-# 4 = 向量方式每条伪查询都造拿掉答案的变体、每条算 3 条（search.relevance.ABSENT）
-MODEL_REVISION = 4
+# 4 = 向量方式每条伪查询都造拿掉答案的变体、每条算 3 条（search.relevance.ABSENT）；
+# 5 = 只有一篇文档的库按分块判相关（search.relevance.same_document_credit）：以前这样的库三种方式都学不出，升级后
+#     重新拟合一遍才有模型（别的库拟合出的模型与 4 相同，只是重算一次）
+MODEL_REVISION = 5
 
 # 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5：分块更少的库
 # （一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5，混合方式对的第一名中位数只有 0.015。

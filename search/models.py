@@ -54,6 +54,9 @@ class RelevanceProfile(models.Model):
     # 判断库变了多少。不能拿 chunk_count 比——父子分块的库两者总差着父块，没有变化也每隔十分钟重新拟合一次。
     # 这个字段之前拟合的模型为空，按 chunk_count 计
     document_chunk_count = models.BigIntegerField("拟合时文档表上的分块数（含父块）", null=True, blank=True)
+    # 拟合做法的版本（raglib.relevance.MODEL_REVISION）：记在整个模型上，一种方式也没学出的库（mode_models 为空）
+    # 做法变了也认得出来要重新拟合。这个字段之前拟合的为 0
+    revision = models.PositiveIntegerField("拟合做法的版本", default=0)
     queries = models.PositiveIntegerField("伪查询数")
     seed = models.IntegerField("随机种子")
     validation = models.JSONField("自测结果", default=dict)

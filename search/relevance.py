@@ -127,16 +127,25 @@ class _Examples:
         return rows, labels + [0.0] * (len(rows) - len(labels)), weights
 
 
-def label_for(query: PseudoQuery, document_id: uuid.UUID, text: str, documents: Mapping[int, uuid.UUID]) -> float:
-    """候选对伪查询的相关程度：含出题原句为 1，与出题分块同一篇文档为 :data:`SAME_DOCUMENT_CREDIT`，否则 0。
-    ``documents`` 是分块 id → 文档 id。"""
+def same_document_credit(documents: Mapping[int, uuid.UUID]) -> float:
+    """同一篇文档的其他分块算几分相关（``documents`` 是分块 id → 文档 id）：一般是 :data:`SAME_DOCUMENT_CREDIT`；
+    库里只有一篇文档时是 0，只按分块判。一本手册、一篇长文的库里每个候选都与出题的分块同一篇，部分相关的标签让
+    全部候选都“相关”、拿掉答案后一个候选也不剩，三种方式一种也学不出，这样的库永远用全局校准（向量方式到不了 0.5）；
+    何况在这种库里问的就是哪一段（docs/EVALUATION.md）。"""
+    return SAME_DOCUMENT_CREDIT if len(set(documents.values())) > 1 else 0.0
+
+
+def label_for(query: PseudoQuery, document_id: uuid.UUID, text: str, documents: Mapping[int, uuid.UUID],
+              credit: float = SAME_DOCUMENT_CREDIT) -> float:
+    """候选对伪查询的相关程度：含出题原句为 1，与出题分块同一篇文档为 ``credit``（:func:`same_document_credit`），
+    否则 0。``documents`` 是分块 id → 文档 id。"""
     if query.sentence in text:
         return 1.0
-    return SAME_DOCUMENT_CREDIT if documents.get(query.source) == document_id else 0.0
+    return credit if documents.get(query.source) == document_id else 0.0
 
 
 def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.Mode,
-             documents: Mapping[int, uuid.UUID]) -> _Examples:
+             documents: Mapping[int, uuid.UUID], credit: float) -> _Examples:
     examples = _Examples()
     profile = profiles.retrieval_profile(kb)
     for index, query in enumerate(queries):
@@ -151,7 +160,7 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
         if ambiguous(query.sentence, (r.chunk.text for r in results if r.chunk.document_id != source_document)):
             continue
         rows = [r.features or {} for r in results]
-        labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents) for r in results]
+        labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents, credit) for r in results]
         examples.queries.append((rows, labels))
         found = [label > 0 for label in labels]
         if index % ABSENT[mode].every == 0 and any(found) and not all(found):
@@ -204,6 +213,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
                   .exclude(role="parent").order_by("id").values_list("id", "chunk_text", "document_id"))
     chunks = [(chunk_id, text) for chunk_id, text, _ in stored]
     documents = {chunk_id: document_id for chunk_id, _, document_id in stored}
+    credit = same_document_credit(documents)
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
@@ -224,7 +234,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         plan = plans[mode]
         train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
         test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
-        fitted = _collect(kb, train, mode, documents)  # type: ignore[arg-type]
+        fitted = _collect(kb, train, mode, documents, credit)  # type: ignore[arg-type]
         rows, labels, weights = fitted.flat(ABSENT[mode].weight)
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
@@ -234,13 +244,13 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue
         mode_models[mode] = model.as_dict()
-        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents)),  # type: ignore[arg-type]
+        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents, credit)),  # type: ignore[arg-type]
                             "drop_share_han": plan.share.han, "drop_share_other": plan.share.other}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
             "script": text_script(text for _, text in chunks), "chunk_count": len(chunks),
-            "document_chunk_count": document_chunks(kb.id).get(kb.id, 0),
+            "document_chunk_count": document_chunks(kb.id).get(kb.id, 0), "revision": MODEL_REVISION,
             "queries": count, "seed": seed, "validation": validation,
         })
     profiles.forget(kb.id)
@@ -281,12 +291,12 @@ def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> lis
     fitted: dict[uuid.UUID, int] = {}
     outdated: set[uuid.UUID] = set()
     recent: set[uuid.UUID] = set()
-    for kb_id, chunk_count, document_chunk_count, mode_models, fitted_at in fitted_profiles.values_list(
-            "knowledge_base_id", "chunk_count", "document_chunk_count", "mode_models", "fitted_at"):
+    for kb_id, chunk_count, document_chunk_count, revision, mode_models, fitted_at in fitted_profiles.values_list(
+            "knowledge_base_id", "chunk_count", "document_chunk_count", "revision", "mode_models", "fitted_at"):
         fitted[kb_id] = chunk_count if document_chunk_count is None else document_chunk_count
         models = [RelevanceModel.from_dict(data) for data in mode_models.values()]
         # 拟合做法更新过的旧模型仍可用（查询时照用），但要重新拟合
-        if not all(profiles.current(model) and model.revision == MODEL_REVISION for model in models):
+        if revision != MODEL_REVISION or not all(profiles.current(model) for model in models):
             outdated.add(kb_id)
         if fitted_at > timezone.now() - REFIT_INTERVAL:
             recent.add(kb_id)

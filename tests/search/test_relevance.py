@@ -26,6 +26,7 @@ from raglib.providers.embedding import clear_embedding_providers
 from raglib.relevance import (
     MIN_CHUNKS,
     MODE_MIN_CHUNKS,
+    MODEL_REVISION,
     PROVISIONAL_CHUNKS,
     DropShare,
     PseudoQuery,
@@ -43,6 +44,7 @@ from search.relevance import (
     relevance_fit,
     relevance_forget,
     relevance_refresh,
+    same_document_credit,
 )
 from tests.factories import ingest_text
 
@@ -276,7 +278,7 @@ def test_a_process_that_cached_no_model_sees_the_new_one_within_seconds(library:
     stale = profiles._cache[library.id]
     relevance_fit(kb=library, queries=30, seed=0)
     profiles._cache[library.id] = stale  # 拟合在另一个进程里：这个进程的缓存没人清
-    now = time.monotonic()
+    now = stale.loaded  # 从读出缓存的那一刻算（拟合本身要几秒）
     monkeypatch.setattr(time, "monotonic", lambda: now + profiles.UNFITTED_TTL / 2)
     assert profiles.model_origin(library.id) == "global"
     monkeypatch.setattr(time, "monotonic", lambda: now + profiles.UNFITTED_TTL + 1)
@@ -342,12 +344,34 @@ def test_parent_child_knowledge_base_is_not_refitted_while_unchanged(client_rw: 
 def test_models_of_an_older_fitting_method_are_refitted_but_still_used(library: KnowledgeBase) -> None:
     relevance_fit(kb=library, queries=30, seed=0)
     assert library not in profiles_due()
-    stored = RelevanceProfile.objects.get(knowledge_base=library)
-    stored.mode_models = {mode: {**data, "revision": 0} for mode, data in stored.mode_models.items()}
-    stored.save()
+    RelevanceProfile.objects.filter(knowledge_base=library).update(revision=MODEL_REVISION - 1)
     profiles.forget(library.id)
     assert library in profiles_due()
     assert profiles.relevance_model(library.id, "vector") is not None
+    # 一种方式也没学出的模型（mode_models 为空）做法变了也要重新拟合
+    RelevanceProfile.objects.filter(knowledge_base=library).update(mode_models={}, revision=MODEL_REVISION)
+    assert library not in profiles_due()
+    RelevanceProfile.objects.filter(knowledge_base=library).update(revision=MODEL_REVISION - 1)
+    assert library in profiles_due()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_knowledge_base_of_one_long_document_learns_chunk_level_models(client_rw: Any, kb_factory: Any,
+                                                                          fake_embedder: Any) -> None:
+    """一篇长文档的库（一本手册）：同一篇文档的分块不算部分相关（same_document_credit 为 0），按分块判——以前每个
+    候选都“部分相关”，三种方式都学不出，这样的库永远用全局校准。"""
+    kb = kb_factory(chunking={"strategy": "token", "chunk_size": 48, "overlap": 0})
+    sections = []
+    for index, topic in enumerate(TOPICS):
+        details = ["".join(random.Random(index * 10 + i).sample(DETAILS, 16)) for i in range(6)]
+        sections.append(f"## {topic}\n\n" + "\n\n".join(f"{topic}第{i}种情况的处理方法：{detail}。"
+                                                           for i, detail in enumerate(details)))
+    ingest_text(client_rw, kb, "手册.md", "# 手册\n\n" + "\n\n".join(sections))
+    profile = relevance_fit(kb=kb, queries=40, seed=0)
+    assert profile is not None and set(profile.mode_models) == {"vector", "fulltext", "hybrid"}
+    documents = dict.fromkeys(range(3), uuid.uuid4())
+    assert same_document_credit(documents) == 0.0
+    assert same_document_credit({**documents, 3: uuid.uuid4()}) == SAME_DOCUMENT_CREDIT
 
 
 def test_other_chunks_of_the_source_document_count_as_partly_relevant() -> None:
