@@ -14,8 +14,8 @@ from search.models import RelevanceProfile
 class RelevanceProfileAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("knowledge_base", "embedding_model", "chunk_count", "queries", "hybrid_self_test", "fitted_at")
     list_select_related = ("knowledge_base",)
-    readonly_fields = ("knowledge_base", "embedding_model", "mode_models", "chunk_count", "queries",
-                       "seed", "validation", "fitted_at")
+    readonly_fields = ("knowledge_base", "embedding_model", "mode_models", "chunk_count", "document_chunk_count",
+                       "revision", "queries", "seed", "validation", "fitted_at")
 
     @admin.display(description="混合检索自测（0.5 处精确率 / 召回率，无答案时第一名均值）")
     def hybrid_self_test(self, profile: RelevanceProfile) -> str:
