@@ -14,22 +14,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragservice.settings")
-os.environ.setdefault("RAG_QUEUE_SYNC", "true")
-os.environ.setdefault("RAG_LOG_LEVEL", "warning")
-os.environ.setdefault("RAG_RERANK_PROVIDER", "none")
+from django_setup import setup_django
 
-import django  # noqa: E402
-
-django.setup()
+setup_django(RAG_QUEUE_SYNC="true", RAG_RERANK_PROVIDER="none")
 
 from documents.services import document_upload  # noqa: E402
 from infra.principal import SYSTEM_PRINCIPAL  # noqa: E402
