@@ -65,7 +65,7 @@ from raglib.parsing import ParsedDocument, ParseError, get_ocr_engine
 from raglib.parsing.base import Segment
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError, EmbeddingProvider
-from raglib.relevance import MODE_MIN_CHUNKS, fit_on_write
+from raglib.relevance import MODE_MIN_CHUNKS, PROVISIONAL_CHUNKS, fit_on_write
 
 logger = structlog.get_logger(__name__)
 
@@ -471,6 +471,8 @@ def _fittable_now(run: Run, replaced: int, written: int) -> bool:
     这之前向量方式的正确答案只有 0.05。这样的时刻一个库只有几次，按它入队不会塞满队列（批量写入一千个条目也只排
     一两次）；别的重新拟合（分块数变了两成）仍归定时任务。两个写入同时把库推过下限时可能都没看见对方、都不排，
     那就等定时任务。"""
+    if written <= replaced or written >= PROVISIONAL_CHUNKS:
+        return False  # 分块没有变多、或这一篇就够大：不会刚够下限又不到 30 块，省掉这条查询（改写条目、重新索引最常见）
     with connection.cursor() as cursor:
         cursor.execute(_OTHERS_SQL, [run.kb.pk, run.document.pk, _OTHERS_PROBE])
         others = int(cursor.fetchone()[0])

@@ -52,7 +52,7 @@ class RelevanceProfile(models.Model):
     chunk_count = models.BigIntegerField("拟合时的可检索分块数")
     # 拟合时已完成文档的 chunk_count 之和（含父块）：search.relevance.profiles_due 拿它与现在的同一个和相比，
     # 判断库变了多少。不能拿 chunk_count 比——父子分块的库两者总差着父块，没有变化也每隔十分钟重新拟合一次。
-    # 这个字段之前拟合的模型为空，按 chunk_count 计
+    # 这个字段之前拟合的模型为空：它们的 revision 也旧，定时检查照样重新拟合、补上
     document_chunk_count = models.BigIntegerField("拟合时文档表上的分块数（含父块）", null=True, blank=True)
     # 拟合做法的版本（raglib.relevance.MODEL_REVISION）：记在整个模型上，一种方式也没学出的库（mode_models 为空）
     # 做法变了也认得出来要重新拟合。这个字段之前拟合的为 0

@@ -288,12 +288,13 @@ def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> lis
         fitted_profiles = fitted_profiles.filter(knowledge_base_id=only)
         enabled = enabled.filter(id=only)
     counts = document_chunks(only)
-    fitted: dict[uuid.UUID, int] = {}
+    # 拟合时的分块数；为空的是记下这个数之前拟合的，它们的做法版本（revision）也旧，下面照样列为待重拟合
+    fitted: dict[uuid.UUID, int | None] = {}
     outdated: set[uuid.UUID] = set()
     recent: set[uuid.UUID] = set()
-    for kb_id, chunk_count, document_chunk_count, revision, mode_models, fitted_at in fitted_profiles.values_list(
-            "knowledge_base_id", "chunk_count", "document_chunk_count", "revision", "mode_models", "fitted_at"):
-        fitted[kb_id] = chunk_count if document_chunk_count is None else document_chunk_count
+    for kb_id, document_chunk_count, revision, mode_models, fitted_at in fitted_profiles.values_list(
+            "knowledge_base_id", "document_chunk_count", "revision", "mode_models", "fitted_at"):
+        fitted[kb_id] = document_chunk_count
         models = [RelevanceModel.from_dict(data) for data in mode_models.values()]
         # 拟合做法更新过的旧模型仍可用（查询时照用），但要重新拟合
         if revision != MODEL_REVISION or not all(profiles.current(model) for model in models):

@@ -1,5 +1,5 @@
 """相关概率模型记下拟合时文档表上的分块数（含父块）：定时检查拿现在的同一个和与它比（见 ``search.relevance.profiles_due``）。
-已有的模型为空，按可检索分块数计，下次拟合时补上。"""
+已有的模型为空：它们的拟合做法版本也旧（``search.0018``），定时检查会重新拟合、补上。"""
 
 from django.db import migrations, models
 
