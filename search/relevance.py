@@ -1,5 +1,6 @@
 """为一个知识库拟合相关概率模型：用它自己的分块造伪查询，走真实的检索服务收集每个候选的特征，
-按“候选是否含出题的原句”做标签（同一篇文档的其他分块算部分相关，:data:`SAME_DOCUMENT_CREDIT`），
+按“候选是否含出题的原句”做标签（同一篇文档的其他分块算部分相关，:data:`SAME_DOCUMENT_CREDIT`；占了库里一半分块的
+文档除外，:data:`DOMINANT_SHARE`），
 每种检索方式拟合一个逻辑回归（见 ``raglib.relevance``）。
 
 - 留出两成伪查询自测：模型排序与原有排序的 MRR，以及 0.5 阈值下的精确率与召回率、拿掉答案后第一名的分数。
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -100,6 +102,13 @@ ABSENT: dict[str, Absent] = {"vector": Absent(1, 3.0), "fulltext": Absent(3, 1.0
 # 0.5 处召回率 0.548）；记 1 时模型把同文档都当答案（精确率 0.34），0.5 时混合方式的精确率 0.788，0.3 时三种方式
 # 都在 0.8 / 0.6 以上，cmrc2018、toyhom 不变（docs/EVALUATION.md）
 SAME_DOCUMENT_CREDIT = 0.3
+# 一篇文档占了库里至少这个比例的可检索分块时，出自它的伪查询不给同文档的分块部分相关，只按分块判
+# （:func:`same_document_credits`）。一本手册、一篇长文独占的库，或一份招标文件加几份附件：候选几乎全是同一篇，
+# “同一篇文档”不再说明什么，记成部分相关反倒让模型学成“什么都有点相关”——一篇长文加三篇短文的库上（squad 的 14 篇
+# 各配 3 篇短文），按答案偏移判相关时 0.5 处的精确率向量 .208、全文 .457、混合 .385，而只有那篇长文时是
+# .839 / .760 / .650；独占的库以前三种方式一种也学不出（全部候选都“相关”，拿掉答案后一个不剩）。开发集里最大的
+# 一篇占 14%（squad），拟合不受影响（docs/EVALUATION.md）
+DOMINANT_SHARE = 0.5
 
 
 class _Batch(NamedTuple):
@@ -127,25 +136,25 @@ class _Examples:
         return rows, labels + [0.0] * (len(rows) - len(labels)), weights
 
 
-def same_document_credit(documents: Mapping[int, uuid.UUID]) -> float:
-    """同一篇文档的其他分块算几分相关（``documents`` 是分块 id → 文档 id）：一般是 :data:`SAME_DOCUMENT_CREDIT`；
-    库里只有一篇文档时是 0，只按分块判。一本手册、一篇长文的库里每个候选都与出题的分块同一篇，部分相关的标签让
-    全部候选都“相关”、拿掉答案后一个候选也不剩，三种方式一种也学不出，这样的库永远用全局校准（向量方式到不了 0.5）；
-    何况在这种库里问的就是哪一段（docs/EVALUATION.md）。"""
-    return SAME_DOCUMENT_CREDIT if len(set(documents.values())) > 1 else 0.0
+def same_document_credits(documents: Mapping[int, uuid.UUID]) -> dict[uuid.UUID, float]:
+    """每篇文档的其他分块对出自它的伪查询算几分相关（``documents`` 是分块 id → 文档 id）：一般是
+    :data:`SAME_DOCUMENT_CREDIT`；占了库里至少 :data:`DOMINANT_SHARE` 的分块的文档是 0，只按分块判。"""
+    sizes = Counter(documents.values())
+    return {document_id: 0.0 if size >= DOMINANT_SHARE * len(documents) else SAME_DOCUMENT_CREDIT
+            for document_id, size in sizes.items()}
 
 
 def label_for(query: PseudoQuery, document_id: uuid.UUID, text: str, documents: Mapping[int, uuid.UUID],
-              credit: float = SAME_DOCUMENT_CREDIT) -> float:
-    """候选对伪查询的相关程度：含出题原句为 1，与出题分块同一篇文档为 ``credit``（:func:`same_document_credit`），
-    否则 0。``documents`` 是分块 id → 文档 id。"""
+              credits: Mapping[uuid.UUID, float]) -> float:
+    """候选对伪查询的相关程度：含出题原句为 1，与出题分块同一篇文档为该文档的部分相关（``credits``，
+    :func:`same_document_credits`），否则 0。``documents`` 是分块 id → 文档 id。"""
     if query.sentence in text:
         return 1.0
-    return credit if documents.get(query.source) == document_id else 0.0
+    return credits.get(document_id, 0.0) if documents.get(query.source) == document_id else 0.0
 
 
 def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.Mode,
-             documents: Mapping[int, uuid.UUID], credit: float) -> _Examples:
+             documents: Mapping[int, uuid.UUID], credits: Mapping[uuid.UUID, float]) -> _Examples:
     examples = _Examples()
     profile = profiles.retrieval_profile(kb)
     for index, query in enumerate(queries):
@@ -160,7 +169,7 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
         if ambiguous(query.sentence, (r.chunk.text for r in results if r.chunk.document_id != source_document)):
             continue
         rows = [r.features or {} for r in results]
-        labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents, credit) for r in results]
+        labels = [label_for(query, r.chunk.document_id, r.chunk.text, documents, credits) for r in results]
         examples.queries.append((rows, labels))
         found = [label > 0 for label in labels]
         if index % ABSENT[mode].every == 0 and any(found) and not all(found):
@@ -213,7 +222,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
                   .exclude(role="parent").order_by("id").values_list("id", "chunk_text", "document_id"))
     chunks = [(chunk_id, text) for chunk_id, text, _ in stored]
     documents = {chunk_id: document_id for chunk_id, _, document_id in stored}
-    credit = same_document_credit(documents)
+    credits = same_document_credits(documents)
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
@@ -234,7 +243,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         plan = plans[mode]
         train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
         test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
-        fitted = _collect(kb, train, mode, documents, credit)  # type: ignore[arg-type]
+        fitted = _collect(kb, train, mode, documents, credits)  # type: ignore[arg-type]
         rows, labels, weights = fitted.flat(ABSENT[mode].weight)
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
@@ -244,7 +253,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue
         mode_models[mode] = model.as_dict()
-        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents, credit)),  # type: ignore[arg-type]
+        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents, credits)),  # type: ignore[arg-type]
                             "drop_share_han": plan.share.han, "drop_share_other": plan.share.other}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={

@@ -44,7 +44,7 @@ from search.relevance import (
     relevance_fit,
     relevance_forget,
     relevance_refresh,
-    same_document_credit,
+    same_document_credits,
 )
 from tests.factories import ingest_text
 
@@ -358,7 +358,7 @@ def test_models_of_an_older_fitting_method_are_refitted_but_still_used(library: 
 @pytest.mark.django_db(transaction=True)
 def test_a_knowledge_base_of_one_long_document_learns_chunk_level_models(client_rw: Any, kb_factory: Any,
                                                                           fake_embedder: Any) -> None:
-    """一篇长文档的库（一本手册）：同一篇文档的分块不算部分相关（same_document_credit 为 0），按分块判——以前每个
+    """一篇长文档的库（一本手册）：同一篇文档的分块不算部分相关（same_document_credits 为 0），按分块判——以前每个
     候选都“部分相关”，三种方式都学不出，这样的库永远用全局校准。"""
     kb = kb_factory(chunking={"strategy": "token", "chunk_size": 48, "overlap": 0})
     sections = []
@@ -369,9 +369,23 @@ def test_a_knowledge_base_of_one_long_document_learns_chunk_level_models(client_
     ingest_text(client_rw, kb, "手册.md", "# 手册\n\n" + "\n\n".join(sections))
     profile = relevance_fit(kb=kb, queries=40, seed=0)
     assert profile is not None and set(profile.mode_models) == {"vector", "fulltext", "hybrid"}
-    documents = dict.fromkeys(range(3), uuid.uuid4())
-    assert same_document_credit(documents) == 0.0
-    assert same_document_credit({**documents, 3: uuid.uuid4()}) == SAME_DOCUMENT_CREDIT
+
+
+def test_a_document_holding_half_the_knowledge_base_gets_no_same_document_credit() -> None:
+    """同文档的部分相关只给占不到一半分块的文档（DOMINANT_SHARE）：一篇文档独占的库、一篇长文加几篇短文的库里，出自
+    长文的伪查询按分块判；文档都不大的库照旧。"""
+    manual, note, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    assert same_document_credits(dict.fromkeys(range(3), manual)) == {manual: 0.0}
+    with_notes = {**dict.fromkeys(range(7), manual), 7: note, 8: other}
+    assert same_document_credits(with_notes) == {manual: 0.0, note: SAME_DOCUMENT_CREDIT,
+                                                  other: SAME_DOCUMENT_CREDIT}
+    even = {0: manual, 1: manual, 2: note, 3: note, 4: other}
+    assert set(same_document_credits(even).values()) == {SAME_DOCUMENT_CREDIT}
+    sentence = "月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。"
+    query = PseudoQuery(sentence[:-8], 0, sentence)
+    credits = same_document_credits(with_notes)
+    assert label_for(query, manual, "兰花需要散射光。", with_notes, credits) == 0.0
+    assert label_for(query, manual, f"月季。{sentence}", with_notes, credits) == 1.0
 
 
 def test_other_chunks_of_the_source_document_count_as_partly_relevant() -> None:
@@ -379,11 +393,12 @@ def test_other_chunks_of_the_source_document_count_as_partly_relevant() -> None:
     别的文档 0。"""
     source, other = uuid.uuid4(), uuid.uuid4()
     sentence = "月季喜欢阳光充足、排水良好的土壤，春季修剪可以促进开花。"
-    documents = {1: source, 2: source, 3: other, 4: other}
+    documents = {1: source, 2: source, 3: other, 4: other, 5: uuid.uuid4()}
     texts = {1: f"月季的养护。{sentence}", 2: "兰花需要散射光和较高的空气湿度。", 3: "木星是太阳系最大的行星。",
              4: f"转载：{sentence}"}
     query = PseudoQuery(sentence[:-8], 1, sentence)
-    labels = [label_for(query, documents[i], texts[i], documents) for i in (1, 2, 3, 4)]
+    labels = [label_for(query, documents[i], texts[i], documents, same_document_credits(documents))
+              for i in (1, 2, 3, 4)]
     assert labels == [1.0, SAME_DOCUMENT_CREDIT, 0.0, 1.0]
 
 
