@@ -55,7 +55,8 @@ def main(source: Path, target: Path, volumes: int | None = None, group: int = GR
     with (source / "queries.jsonl").open(encoding="utf-8") as src, \
             (target / "queries.jsonl").open("w", encoding="utf-8") as dst:
         asked = {query for query, _ in seen}
-        kept = [_shifted(json.loads(line), shift) for line in src if line.strip() and json.loads(line)["_id"] in asked]
+        queries = (json.loads(line) for line in src if line.strip())
+        kept = [_shifted(query, shift) for query in queries if query["_id"] in asked]
         dst.writelines(json.dumps(query, ensure_ascii=False) + "\n" for query in kept)
     print(f"wrote {target}: {len(articles)} articles in {len(set(owner.values()))} documents, {len(kept)} questions")
 

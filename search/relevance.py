@@ -222,10 +222,10 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
                   .exclude(role="parent").order_by("id").values_list("id", "chunk_text", "document_id"))
     chunks = [(chunk_id, text) for chunk_id, text, _ in stored]
     documents = {chunk_id: document_id for chunk_id, _, document_id in stored}
-    credits = same_document_credits(documents)
     if len(chunks) < MIN_CHUNKS:
         relevance_forget(kb=kb)
         return None
+    credits = same_document_credits(documents)
     plans = {mode: _Batch(drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode])
              for mode in MODE_FEATURES}
     # 比例与条数都相同的方式共用一批伪查询。每批各自留出两成：各批条数不同（混合方式的大三倍；去得多的那批里去完太短、
