@@ -28,6 +28,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,20 +60,21 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
 #     也按分块判（一篇文档的库与文档都不到一半的库拟合出的模型与 5 相同）
 MODEL_REVISION = 6
 
-# 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5：分块更少的库
-# （一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5，混合方式对的第一名中位数只有 0.015。
-# cmrc2018 里抽出的 40 个 1~6 块的小库（docs/EVALUATION.md“2026-11-30：三块的库”）：
-# - 向量与混合从 3 块起学得出：3~4 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.97，
-#   混合 1.00 / 0.17 → 1.00 / 0.77，别的话题的问题第一名均值 ≤ 0.15；2 块时那个均值 0.26~0.29（超过 0.2），
-#   1 块的库造不出反例，一种方式也学不出；
-# - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它
-MODE_MIN_CHUNKS: dict[str, int] = {"vector": 3, "fulltext": 5, "hybrid": 3}
+# 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5、向量与混合 3：
+# 分块更少的库（一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5。cmrc2018 里抽出的 40 个
+# 1~6 块的小库（docs/EVALUATION.md“三块的库”“一两个分块的库”）：
+# - 向量与混合从 1 块起学得出，靠外来问题出反例（:func:`foreign_questions`、``search.relevance.FOREIGN_BELOW``）：
+#   1~2 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.86~0.88，混合 → 1.00 / 0.69~0.71，别的话题的问题第一名
+#   均值 ≤ 0.165；没有外来问题时 1 块的库造不出反例，2 块的库学成“别的话题也有答案”（那个均值 0.26~0.29）；
+# - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它；
+#   加外来问题的 1~2 块的库召回率也只有 0.03~0.24
+MODE_MIN_CHUNKS: dict[str, int] = {"vector": 1, "fulltext": 5, "hybrid": 1}
 # 少于这么多个可检索分块的库不拟合（哪种方式都学不出来）
 MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
 
 
 # 拟合时不到这么多个分块的模型算临时的（``search.relevance.profiles_due``）：库又变了两成就在下一次检查时重新拟合，
-# 不等“离上次拟合至少十分钟”——3 块时拟合过的库到 5 块才学得出全文方式的模型。写入也只替这么小的库立即拟合
+# 不等“离上次拟合至少十分钟”——1 块时拟合过的库到 5 块才学得出全文方式的模型。写入也只替这么小的库立即拟合
 # （:func:`fit_on_write`）：小库句子少、伪查询少，拟合几秒钟；批量导入的库第一篇长文档就有几十块，要是那时就拟合，
 # 接下来十分钟都用一篇文档学出的模型打分（伪查询的候选全在同一篇里，往往一种方式也学不出），不如照旧交给定时任务
 PROVISIONAL_CHUNKS = 30
@@ -244,6 +246,21 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[f
                                            tuple(float(v) for v in x.max(axis=0)))
     return RelevanceModel(mode, names, tuple(float(v) for v in mean), tuple(float(v) for v in scale),
                           tuple(float(v) for v in weights), bias, low, high, MODEL_REVISION)
+
+
+# ---------------------------------------------------------------- 外来问题
+
+_FOREIGN_FILE = Path(__file__).with_name("foreign_questions.txt")
+
+
+@functools.cache
+def foreign_questions() -> tuple[str, ...]:
+    """随包的外来问题（``raglib/foreign_questions.txt``）：各种话题、简繁英三种写法的提问，不属于任何知识库。
+
+    伪查询全出自库里的句子，总有答案；拿掉答案的变体（:func:`without`）又要库里还剩别的分块。一两个分块的库两样都
+    造不出“库里没有答案”的提问，模型不知道别的话题的问题会落在哪里。拿这些问题去检索这个库，返回的全是反例。"""
+    lines = _FOREIGN_FILE.read_text(encoding="utf-8").splitlines()
+    return tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
 # ---------------------------------------------------------------- 伪查询

@@ -427,8 +427,8 @@ FULLTEXT_L0_MAX_CHUNKS = env_int(
     "RAG_FULLTEXT_L0_MAX_CHUNKS", 200,
     "知识库新写入、还没合并成段的分块（L0）达到这个数就立即排一次合并；不到的由每分钟的定时任务合并",
     minimum=1)
-# 写入让知识库的分块刚够某种方式拟合相关概率模型（3、5 块，raglib.relevance.MODE_MIN_CHUNKS）时立即排一次拟合，
-# 不等每分钟的定时任务（documents.ingestion.copy_chunks）。不是部署设置：测试把它关掉，免得每个建了三块以上的库的
+# 写入让知识库的分块刚够某种方式拟合相关概率模型（1、5 块，raglib.relevance.MODE_MIN_CHUNKS）时立即排一次拟合，
+# 不等每分钟的定时任务（documents.ingestion.copy_chunks）。不是部署设置：测试把它关掉，免得每个建了库的
 # 测试都在摄取时拟合一遍
 RELEVANCE_FIT_ON_WRITE = True
 EXACT_SEARCH_MAX_CHUNKS = env_int(

@@ -7,7 +7,8 @@
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数；每种方式另有自己的下限（:data:`MODE_MIN_CHUNKS`）。
-- 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够某种方式拟合（3 块、5 块）时立即排一次
+  不到 :data:`FOREIGN_BELOW` 块的库另拿随包的外来问题检索一遍，结果全当反例（:func:`foreign_share`）。
+- 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够某种方式拟合（1 块、5 块）时立即排一次
   （``documents.ingestion.copy_chunks``、``raglib.relevance.fit_on_write``），定时任务每分钟再检查一次：还没有模型
   而分块已经够了、或模型的做法过时，下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）
   时重新拟合，但离上次拟合至少 ``REFIT_INTERVAL``：大批摄取期间不至于一分钟拟合一次——拟合时不到 30 块
@@ -49,6 +50,7 @@ from raglib.relevance import (
     ambiguous,
     candidate_features,
     fit_model,
+    foreign_questions,
     pseudo_queries,
     reciprocal_rank,
     without,
@@ -109,6 +111,14 @@ SAME_DOCUMENT_CREDIT = 0.3
 # .839 / .760 / .650；独占的库以前三种方式一种也学不出（全部候选都“相关”，拿掉答案后一个不剩）。开发集里最大的
 # 一篇占 14%（squad），拟合不受影响（docs/EVALUATION.md）
 DOMINANT_SHARE = 0.5
+# 分块少于这么多个的库，拟合时另拿随包的外来问题（raglib.relevance.foreign_questions）去检索，结果全当反例；
+# 这些问题合起来在拟合里算 FOREIGN_SHARE ÷ 分块数 倍伪查询的条数（:func:`foreign_share`）。这样的库伪查询少，
+# 拿掉答案的变体（ABSENT）要库里还剩别的分块，1 块的库一条也造不出：模型不知道别的话题的问题会落在哪里。
+# cmrc2018 的小库上（docs/EVALUATION.md“一两个分块的库”），1 块的库向量方式里别的话题的中文问题第一名均值：
+# 1 倍 0.51、3 倍 0.32、10 倍 0.165（召回率 1.00 → 0.86）；3~4 块的库 10 倍时召回率掉（混合 0.68 → 0.62），
+# 3 倍左右召回率不变、那个均值低三到四成——所以按分块数摊。5 块起的库不用（开发集的模型不变）
+FOREIGN_BELOW = 5
+FOREIGN_SHARE = 10.0
 
 
 class _Batch(NamedTuple):
@@ -125,15 +135,28 @@ class _Examples:
 
     queries: list[tuple[list[dict[str, float]], list[float]]] = field(default_factory=list)
     absent: list[list[dict[str, float]]] = field(default_factory=list)
+    # 外来问题（raglib.relevance.foreign_questions）在本库的检索结果：全是反例
+    foreign: list[list[dict[str, float]]] = field(default_factory=list)
 
-    def flat(self, absent_weight: float = 1.0) -> tuple[list[dict[str, float]], list[float], list[float]]:
-        """(特征行, 相关程度, 样本权重)：拿掉答案的变体每行算 ``absent_weight`` 行。"""
+    def flat(self, absent_weight: float = 1.0, foreign_share: float = 0.0,
+             ) -> tuple[list[dict[str, float]], list[float], list[float]]:
+        """(特征行, 相关程度, 样本权重)：拿掉答案的变体每行算 ``absent_weight`` 行；外来问题合起来算
+        ``foreign_share`` 倍伪查询的条数（:func:`foreign_share`）。"""
         rows = [row for query_rows, _ in self.queries for row in query_rows]
         labels = [label for _, query_labels in self.queries for label in query_labels]
         weights = [1.0] * len(rows)
         rows += [row for query_rows in self.absent for row in query_rows]
         weights += [absent_weight] * (len(rows) - len(weights))
+        if self.foreign:
+            rows += [row for query_rows in self.foreign for row in query_rows]
+            weights += [foreign_share * len(self.queries) / len(self.foreign)] * (len(rows) - len(weights))
         return rows, labels + [0.0] * (len(rows) - len(labels)), weights
+
+
+def foreign_share(chunks: int) -> float:
+    """分块数为 ``chunks`` 的库拟合时外来问题合起来算几倍伪查询的条数：:data:`FOREIGN_SHARE` ÷ 分块数，
+    :data:`FOREIGN_BELOW` 块起为 0（不用外来问题）。"""
+    return FOREIGN_SHARE / chunks if chunks < FOREIGN_BELOW else 0.0
 
 
 def same_document_credits(documents: Mapping[int, uuid.UUID]) -> dict[uuid.UUID, float]:
@@ -154,9 +177,15 @@ def label_for(query: PseudoQuery, document_id: uuid.UUID, text: str, documents: 
 
 
 def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.Mode,
-             documents: Mapping[int, uuid.UUID], credits: Mapping[uuid.UUID, float]) -> _Examples:
+             documents: Mapping[int, uuid.UUID], credits: Mapping[uuid.UUID, float],
+             foreign: Sequence[str] = ()) -> _Examples:
     examples = _Examples()
     profile = profiles.retrieval_profile(kb)
+    for text in foreign:
+        outcome = services.search(kb, services.SearchRequest(query=text, top_k=FIT_TOP_K, mode=mode,
+                                                             rerank=False, return_parent=False))
+        if outcome.results and not outcome.degraded:
+            examples.foreign.append([r.features or {} for r in outcome.results])
     for index, query in enumerate(queries):
         outcome = services.search(kb, services.SearchRequest(query=query.text, top_k=FIT_TOP_K, mode=mode,
                                                              rerank=False, return_parent=False))
@@ -202,13 +231,15 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
     count = max(len(held_out.queries), 1)
     # 拿掉答案之后的同一批查询：第一名的概率应当很低
     absent_top = [max(model.probability(row) for row in rows) for rows in held_out.absent if rows]
+    foreign_top = [max(model.probability(row) for row in rows) for rows in held_out.foreign]
     return {"queries": len(held_out.queries), "mrr_model": round(mrr_model / count, 4),
             "mrr_original": round(mrr_original / count, 4),
             "precision": round(kept_relevant / kept, 4) if kept else 0.0,
             "recall": round(kept_relevant / relevant, 4) if relevant else 0.0,
             "absent_top1_mean": round(float(np.mean(absent_top)), 4) if absent_top else 0.0,
             "absent_top1_over_half": round(float(np.mean([p >= REFERENCE_THRESHOLD for p in absent_top])), 4)
-            if absent_top else 0.0}
+            if absent_top else 0.0,
+            **({"foreign_top1_mean": round(float(np.mean(foreign_top)), 4)} if foreign_top else {})}
 
 
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
@@ -234,6 +265,11 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     held = {plan: set(random.Random(seed).sample(range(len(batch)), int(len(batch) * VALIDATION_SHARE)))  # noqa: S311
             for plan, batch in made.items()}
     count = max(len(batch) for batch in made.values())
+    # 小库另用外来问题出反例（FOREIGN_BELOW），同样留出两成自测
+    foreign = foreign_questions() if foreign_share(len(chunks)) else ()
+    foreign_held = set(random.Random(seed).sample(range(len(foreign)), int(len(foreign) * VALIDATION_SHARE)))  # noqa: S311
+    foreign_train = [q for i, q in enumerate(foreign) if i not in foreign_held]
+    foreign_test = [q for i, q in enumerate(foreign) if i in foreign_held]
     # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
@@ -243,8 +279,8 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         plan = plans[mode]
         train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
         test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
-        fitted = _collect(kb, train, mode, documents, credits)  # type: ignore[arg-type]
-        rows, labels, weights = fitted.flat(ABSENT[mode].weight)
+        fitted = _collect(kb, train, mode, documents, credits, foreign_train)  # type: ignore[arg-type]
+        rows, labels, weights = fitted.flat(ABSENT[mode].weight, foreign_share(len(chunks)))
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
@@ -253,7 +289,8 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue
         mode_models[mode] = model.as_dict()
-        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents, credits)),  # type: ignore[arg-type]
+        validation[mode] = {**_validation(model, _collect(kb, test, mode, documents, credits,  # type: ignore[arg-type]
+                                                          foreign_test)),
                             "drop_share_han": plan.share.han, "drop_share_other": plan.share.other}
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
@@ -286,7 +323,7 @@ def document_chunks(only: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
 def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
     （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到
-    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：3 块的库拟合之后又来了两块，全文方式这才学得出）。
+    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：4 块的库拟合之后又来了一块，全文方式这才学得出）。
     分块数是 :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。
 
     ``settled``：写入已经停了，要的是用全部分块学出的模型——分块数与拟合时有一点不同就拟合，不等（``manage.py

@@ -52,7 +52,7 @@ def _compact_fulltext_at_once(settings: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_relevance_fit_on_write(settings: Any) -> None:
-    """写入不顺带拟合相关概率模型（生产环境在库的分块刚够 3、5 块时排一次）：检索的测试看的是没有模型时的分数，
+    """写入不顺带拟合相关概率模型（生产环境在库的分块刚够 1、5 块时排一次）：检索的测试看的是没有模型时的分数，
     要模型的测试自己拟合；专门的测试（tests/search/test_relevance.py）打开它。"""
     settings.RELEVANCE_FIT_ON_WRITE = False
 

@@ -32,13 +32,17 @@ from raglib.relevance import (
     PseudoQuery,
     fit_model,
     fit_on_write,
+    foreign_questions,
 )
-from search import profiles, services
+from search import profiles, relevance, services
 from search.models import RelevanceProfile
 from search.relevance import (
     DROP_SHARES,
+    FOREIGN_BELOW,
+    FOREIGN_SHARE,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
+    foreign_share,
     label_for,
     profiles_due,
     relevance_fit,
@@ -93,12 +97,11 @@ def test_refit_is_deterministic_for_a_fixed_seed(library: KnowledgeBase) -> None
 @pytest.mark.django_db(transaction=True)
 def test_knowledge_base_without_a_model_borrows_one_of_its_embedding_model(client_rw: Any, kb_factory: Any,
                                                                            library: KnowledgeBase) -> None:
-    """还没有自己模型的库（分块不够）用同一 embedding 模型、分块最多的那个库的模型；模型不同的库不借，
+    """还没有自己模型的库（还没轮到拟合）用同一 embedding 模型、分块最多的那个库的模型；模型不同的库不借，
     有了自己的模型就用自己的。汉字写法不借（它是本库分块的性质）。"""
     relevance_fit(kb=library, queries=40, seed=0)
     small = kb_factory()
     ingest_text(client_rw, small, "a.md", "# 月季\n\n月季的第1条说明：月季需要第1号处理方法。")
-    assert relevance_fit(kb=small) is None
     assert profiles.model_source(small.id) == library.id and profiles.knowledge_base_script(small.id) == ""
     assert profiles.model_origin(small.id) == "borrowed" and profiles.model_origin(library.id) == "own"
     request = services.SearchRequest(query="月季 处理方法", top_k=3, mode="fulltext", rerank=False)
@@ -194,18 +197,48 @@ def test_each_mode_learns_from_pseudo_queries_with_its_own_drop_share(library: K
 
 
 @pytest.mark.django_db(transaction=True)
-def test_small_knowledge_base_is_not_fitted(client_rw: Any, kb_factory: Any, fake_embedder: Any, capsys: Any) -> None:
+def test_empty_knowledge_base_is_not_fitted(kb_factory: Any, capsys: Any) -> None:
     kb = kb_factory()
-    ingest_text(client_rw, kb, "one.md", "# 一\n\n只有一个分块的小知识库。")
     call_command("fit_relevance", "--kb", kb.name, "--queries", "10")
     assert "不拟合" in capsys.readouterr().out
     assert not RelevanceProfile.objects.filter(knowledge_base=kb).exists()
 
 
 @pytest.mark.django_db(transaction=True)
+def test_one_chunk_knowledge_base_learns_from_foreign_questions(client_rw: Any, kb_factory: Any, fake_embedder: Any,
+                                                               capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """一个分块的库造不出“库里没有答案”的伪查询：外来问题（raglib.relevance.foreign_questions）去检索它，结果全当反例，
+    向量与混合方式学得出本库模型；自测报外来问题第一名的均值。（假 embedding 的余弦没有意义，分数的好坏见
+    docs/EVALUATION.md“一两个分块的库”。）"""
+    kb = kb_factory()
+    ingest_one_chunk_topics(client_rw, kb, [0])
+    # 不用外来问题时伪查询的候选只有出题的那一块，全是正例：一种方式也学不出
+    monkeypatch.setattr(relevance, "FOREIGN_BELOW", 1)
+    assert relevance_fit(kb=kb, queries=30).mode_models == {}  # type: ignore[union-attr]
+    monkeypatch.setattr(relevance, "FOREIGN_BELOW", FOREIGN_BELOW)
+    call_command("fit_relevance", "--kb", kb.name, "--queries", "30")
+    out = capsys.readouterr().out
+    profile = RelevanceProfile.objects.get(knowledge_base=kb)
+    assert profile.chunk_count == 1 and set(profile.mode_models) == {"vector", "hybrid"}
+    assert "foreign_top1_mean" in profile.validation["vector"] and "外来问题第一名" in out
+    asked = services.search(kb, services.SearchRequest(query=f"{TOPICS[0]}第1种情况的处理方法", top_k=1, mode="vector",
+                                                       rerank=False))
+    assert asked.results[0].learned
+
+
+def test_foreign_questions_weigh_more_the_fewer_chunks_a_knowledge_base_has() -> None:
+    questions = foreign_questions()
+    assert len(questions) >= 100 and not any(q.startswith("#") for q in questions)
+    # 简体、繁体、英文三种写法都有
+    assert all(any(mark(q) for q in questions) for mark in (str.isascii, lambda q: "嗎" in q, lambda q: "吗" in q))
+    assert foreign_share(1) == FOREIGN_SHARE and foreign_share(2) == FOREIGN_SHARE / 2
+    assert foreign_share(FOREIGN_BELOW) == 0.0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_each_mode_needs_its_own_number_of_chunks(client_rw: Any, kb_factory: Any, fake_embedder: Any,
                                                  capsys: Any) -> None:
-    """三个分块的库学得出向量与混合方式的模型，全文方式要五块（MODE_MIN_CHUNKS）：那种方式的检索用全局校准。"""
+    """一个分块的库就学得出向量与混合方式的模型，全文方式要五块（MODE_MIN_CHUNKS）：那种方式的检索用全局校准。"""
     assert MODE_MIN_CHUNKS["vector"] == MODE_MIN_CHUNKS["hybrid"] == MIN_CHUNKS < MODE_MIN_CHUNKS["fulltext"]
     kb = kb_factory()
     ingest_one_chunk_topics(client_rw, kb, range(MIN_CHUNKS))
@@ -243,20 +276,18 @@ def test_provisional_models_are_refitted_without_waiting(client_rw: Any, kb_fact
 @pytest.mark.django_db(transaction=True)
 def test_writes_that_make_a_mode_fittable_fit_at_once(client_rw: Any, kb_factory: Any, fake_embedder: Any,
                                                       settings: Any) -> None:
-    """写入让库的分块刚够 3 块、5 块时立即拟合（任务在测试里同步执行），不等每分钟的定时任务；别的写入不排拟合。
+    """写入让库的分块刚够 1 块、5 块时立即拟合（任务在测试里同步执行），不等每分钟的定时任务；别的写入不排拟合。
     条目的写入与文件的摄取走同一个写分块的函数。"""
     settings.RELEVANCE_FIT_ON_WRITE = True
     kb = kb_factory()
-    ingest_one_chunk_topics(client_rw, kb, range(2))
-    assert not RelevanceProfile.objects.filter(knowledge_base=kb).exists()
-    # 第三块是一个知识条目（同步写入）
+    # 第一块是一个知识条目（同步写入）
     item = f"/knowledge_bases/{kb.id}/items/note"
     stored = client_rw.put(item, {"content": "招标第1种情况的处理方法是公开招标，评标委员会按评分办法打分。"},
                            format="json")
     assert stored.status_code in (200, 201), stored.content
     first = RelevanceProfile.objects.get(knowledge_base=kb)
-    assert first.document_chunk_count == 3 and "vector" in first.mode_models and "fulltext" not in first.mode_models
-    ingest_one_chunk_topics(client_rw, kb, [3])
+    assert first.document_chunk_count == 1 and "vector" in first.mode_models and "fulltext" not in first.mode_models
+    ingest_one_chunk_topics(client_rw, kb, range(3))
     assert RelevanceProfile.objects.get(knowledge_base=kb).fitted_at == first.fitted_at
     ingest_one_chunk_topics(client_rw, kb, [4])
     fifth = RelevanceProfile.objects.get(knowledge_base=kb)
@@ -265,7 +296,7 @@ def test_writes_that_make_a_mode_fittable_fit_at_once(client_rw: Any, kb_factory
     changed = client_rw.put(item, {"content": "招标第2种情况的处理方法是邀请招标，至少邀请三家投标人。"}, format="json")
     assert changed.status_code == 200, changed.content
     assert RelevanceProfile.objects.get(knowledge_base=kb).fitted_at == fifth.fitted_at
-    # 一共只排过两次（第 3 块、第 5 块）
+    # 一共只排过两次（第 1 块、第 5 块）
     assert Task.objects.filter(func=RELEVANCE_TASK_FUNC).count() == 2
 
 
@@ -290,8 +321,8 @@ def test_a_process_that_cached_no_model_sees_the_new_one_within_seconds(library:
 
 
 def test_writes_fit_at_once_only_small_knowledge_bases_reaching_a_minimum() -> None:
-    assert [after for after in range(8) if fit_on_write(0, after)] == [3, 4, 5, 6, 7]
-    assert [after for after in range(8) if fit_on_write(3, after)] == [5, 6, 7]
+    assert [after for after in range(8) if fit_on_write(0, after)] == [1, 2, 3, 4, 5, 6, 7]
+    assert [after for after in range(8) if fit_on_write(1, after)] == [5, 6, 7]
     assert not fit_on_write(5, 100) and not fit_on_write(7, 2)
     # 第一篇文档就有几十块（批量导入的长文档）：交给定时任务
     assert fit_on_write(0, PROVISIONAL_CHUNKS - 1) and not fit_on_write(0, PROVISIONAL_CHUNKS)

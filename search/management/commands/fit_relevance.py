@@ -49,13 +49,15 @@ class Command(BaseCommand):
                 continue
             self.stdout.write(f"{kb.name}：{profile.queries} 条伪查询，用时 {time.monotonic() - started:.0f} s")
             self.stdout.write("| 方式 | 去字比例（汉字句 / 其他） | 自测问题数 | MRR 模型 | MRR 原有 | 精确率@0.5 "
-                              "| 召回率@0.5 | 无答案时第一名（均值 / ≥0.5 的比例） |")
-            self.stdout.write("|---|---|---|---|---|---|---|---|")
+                              "| 召回率@0.5 | 无答案时第一名（均值 / ≥0.5 的比例） | 外来问题第一名（均值） |")
+            self.stdout.write("|---|---|---|---|---|---|---|---|---|")
             for mode, v in profile.validation.items():
+                # 外来问题只有小库拟合时才用（search.relevance.FOREIGN_BELOW）
+                foreign = f"{v['foreign_top1_mean']:.3f}" if "foreign_top1_mean" in v else "—"
                 self.stdout.write(f"| {mode} | {v['drop_share_han']} / {v['drop_share_other']} | {v['queries']} | "
                                   f"{v['mrr_model']:.3f} | {v['mrr_original']:.3f} | "
                                   f"{v['precision']:.3f} | {v['recall']:.3f} | "
-                                  f"{v['absent_top1_mean']:.3f} / {v['absent_top1_over_half']:.3f} |")
+                                  f"{v['absent_top1_mean']:.3f} / {v['absent_top1_over_half']:.3f} | {foreign} |")
             for mode, least in MODE_MIN_CHUNKS.items():
                 if profile.chunk_count < least:
                     self.stdout.write(f"{mode}：可检索分块少于 {least} 个，这种方式不拟合，用全局校准参数")
