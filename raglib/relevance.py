@@ -64,8 +64,9 @@ MODEL_REVISION = 6
 # 分块更少的库（一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5。cmrc2018 里抽出的 40 个
 # 1~6 块的小库（docs/EVALUATION.md“三块的库”“一两个分块的库”）：
 # - 向量与混合从 1 块起学得出，靠外来问题出反例（:func:`foreign_questions`、``search.relevance.FOREIGN_BELOW``）：
-#   1~2 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.86~0.88，混合 → 1.00 / 0.69~0.71，别的话题的问题第一名
-#   均值 ≤ 0.165；没有外来问题时 1 块的库造不出反例，2 块的库学成“别的话题也有答案”（那个均值 0.26~0.29）；
+#   1~2 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.94~0.97，混合 → 1.00 / 0.89~0.90（每句出 5 条伪查询，
+#   ``search.relevance.FOREIGN_VARIANTS``），别的话题的问题第一名均值 ≤ 0.166；没有外来问题时 1 块的库造不出反例，
+#   2 块的库学成“别的话题也有答案”（那个均值 0.26~0.29）；
 # - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它；
 #   加外来问题的 1~2 块的库召回率也只有 0.03~0.24
 MODE_MIN_CHUNKS: dict[str, int] = {"vector": 1, "fulltext": 5, "hybrid": 1}
@@ -375,11 +376,12 @@ def _drop(sentence: str, rng: random.Random, share: DropShare) -> str:
 
 
 def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
-                   share: DropShare = DEFAULT_DROP_SHARE) -> list[PseudoQuery]:
+                   share: DropShare = DEFAULT_DROP_SHARE, variants: int = 1) -> list[PseudoQuery]:
     """从分块里造 ``count`` 条伪查询（固定 ``seed`` 时结果确定）：每个被抽中的分块出一句话，按 ``share`` 去掉一部分
     字或词；去完剩下的太少（:data:`MIN_KEPT_HAN`）的那句不出题。分块不到 ``count`` 个时（小知识库）再按同样的顺序
     一轮轮地从各分块里取还没出过题的句子，直到够数或句子用完——只出一轮时 20 个分块的库只有 20 条伪查询，留出两成后
-    十几条，模型学不稳。可用的句子太少（分块都很短）时条数会少于 ``count``。"""
+    十几条，模型学不稳。可用的句子太少（分块都很短）时条数会少于 ``count``。``variants`` 大于 1 时每句最多出这么多条
+    （每条随机去掉不同的字；一两块的库只有几句话）。"""
     rng = random.Random(seed)  # noqa: S311 - 造题要可复现，不涉及安全
     order = list(range(len(chunks)))
     rng.shuffle(order)
@@ -394,7 +396,7 @@ def pseudo_queries(chunks: Sequence[tuple[int, str]], count: int, *, seed: int,
                 break
             chunk_id, text = chunks[index]
             if index not in unused:
-                unused[index] = [s for s in _sentences(text) if _usable(s)]
+                unused[index] = [s for s in _sentences(text) if _usable(s)] * variants
             sentences = unused[index]
             if not sentences:
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -101,6 +102,10 @@ def test_small_knowledge_bases_get_more_than_one_pseudo_query_per_chunk() -> Non
     assert all(q.sentence in dict(chunks)[q.source] for q in made)
     assert len(pseudo_queries(chunks, 50, seed=0)) == 12  # 3 块各 4 句，用完为止
     assert sorted(q.source for q in pseudo_queries(chunks, 3, seed=0)) == [0, 1, 2]
+    # variants：每句最多出这么多条，每条去掉的字不同（很小的库只有几句话）
+    repeated = pseudo_queries(chunks, 50, seed=0, variants=3)
+    assert len(repeated) == 36 and max(Counter(q.sentence for q in repeated).values()) == 3
+    assert len({q.text for q in repeated}) > 24
 
 
 def test_a_sample_weight_counts_a_row_as_that_many_rows() -> None:
