@@ -335,7 +335,7 @@ def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> lis
     分块数是 :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。
 
     ``settled``：写入已经停了，要的是用全部分块学出的模型——分块数与拟合时有一点不同就拟合，不等（``manage.py
-    evaluate`` 量的是稳态：摄取时库在第 3、第 5 块就拟合过，那之后“刚拟合过”）。"""
+    evaluate`` 量的是稳态：摄取时库在第 1、第 5 块就拟合过，那之后“刚拟合过”）。"""
     fitted_profiles = RelevanceProfile.objects.all()
     enabled = KnowledgeBase.objects.filter(status=KnowledgeBase.Status.ENABLED)
     if only is not None:

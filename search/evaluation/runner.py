@@ -286,7 +286,7 @@ def ingest(dataset: Dataset, config: EvaluationConfig, progress: Progress = no_p
 
 def fit_when_due(kb: KnowledgeBase, progress: Progress = no_progress) -> float:
     """像服务那样替知识库拟合相关概率模型，返回用时（秒）：还没有、已过时，或不是用现在的全部分块拟合的（摄取时库在
-    第 3、第 5 块就拟合过；服务在写入停下之后也会用全部分块重新拟合，评测量的是那时的稳态）。
+    第 1、第 5 块就拟合过；服务在写入停下之后也会用全部分块重新拟合，评测量的是那时的稳态）。
 
     服务在摄取后几秒到一两分钟之内就会拟合（``ops.tasks.refresh_relevance_profiles``）；评测不拟合时量到的
     是新库在那之前借来的分数（同模型的另一个库，或全局校准），与用户稳态下拿到的分数不同——别的机器上新建的评测库

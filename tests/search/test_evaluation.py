@@ -257,7 +257,7 @@ def test_evaluate_scores_with_the_model_the_service_would_fit(tmp_path: Path, fa
 @pytest.mark.django_db(transaction=True)
 def test_evaluate_fits_on_every_chunk_even_when_ingest_fitted_early(tmp_path: Path, fake_embedder: Any,
                                                                     settings: Any) -> None:
-    """服务在库写进第 3、第 5 块时就拟合（RELEVANCE_FIT_ON_WRITE）；评测的摄取走同一条路，那两次拟合之后“刚拟合过”，
+    """服务在库写进第 1、第 5 块时就拟合（RELEVANCE_FIT_ON_WRITE）；评测的摄取走同一条路，那两次拟合之后“刚拟合过”，
     摄取完的那次拟合也照样做（临时模型不等 REFIT_INTERVAL）：量的是用全部分块学出的模型，不是 5 块的。"""
     settings.RELEVANCE_FIT_ON_WRITE = True
     root = _write_topic_dataset(tmp_path / "topics")
