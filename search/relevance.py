@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import structlog
@@ -60,6 +60,7 @@ from search import profiles, services
 from search.models import RelevanceProfile
 
 logger = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
 REFIT_CHANGE = 0.2
 REFIT_INTERVAL = timedelta(minutes=10)
@@ -247,6 +248,12 @@ def _validation(model: RelevanceModel, held_out: _Examples) -> dict[str, float]:
             **({"foreign_top1_mean": round(float(np.mean(foreign_top)), 4)} if foreign_top else {})}
 
 
+def _held_out(items: Sequence[_T], seed: int) -> tuple[list[_T], list[_T]]:
+    """按 ``seed`` 留出 :data:`VALIDATION_SHARE` 自测：(拟合用的, 自测用的)。条数相同的两批留出同样的下标。"""
+    held = set(random.Random(seed).sample(range(len(items)), int(len(items) * VALIDATION_SHARE)))  # noqa: S311
+    return [x for i, x in enumerate(items) if i not in held], [x for i, x in enumerate(items) if i in held]
+
+
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
                   drop_shares: Mapping[str, DropShare] = DROP_SHARES) -> RelevanceProfile | None:
     """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None；
@@ -264,20 +271,16 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     credits = same_document_credits(documents)
     plans = {mode: _Batch(drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode])
              for mode in MODE_FEATURES}
+    foreign_weight = foreign_share(len(chunks))
+    # 小库的句子少，每句出几条（FOREIGN_VARIANTS）；大库的句子够用，一句一条
+    variants = FOREIGN_VARIANTS if foreign_weight else 1
     # 比例与条数都相同的方式共用一批伪查询。每批各自留出两成：各批条数不同（混合方式的大三倍；去得多的那批里去完太短、
     # 不出题的句子多），条数相同的批留出同样的下标
-    # 小库的句子少，每句出几条（FOREIGN_VARIANTS）；大库的句子够用，一句一条
-    variants = FOREIGN_VARIANTS if foreign_share(len(chunks)) else 1
-    made = {plan: pseudo_queries(chunks, plan.size, seed=seed, share=plan.share, variants=variants)
+    made = {plan: _held_out(pseudo_queries(chunks, plan.size, seed=seed, share=plan.share, variants=variants), seed)
             for plan in set(plans.values())}
-    held = {plan: set(random.Random(seed).sample(range(len(batch)), int(len(batch) * VALIDATION_SHARE)))  # noqa: S311
-            for plan, batch in made.items()}
-    count = max(len(batch) for batch in made.values())
+    count = max(len(train) + len(test) for train, test in made.values())
     # 小库另用外来问题出反例（FOREIGN_BELOW），同样留出两成自测
-    foreign = foreign_questions() if foreign_share(len(chunks)) else ()
-    foreign_held = set(random.Random(seed).sample(range(len(foreign)), int(len(foreign) * VALIDATION_SHARE)))  # noqa: S311
-    foreign_train = [q for i, q in enumerate(foreign) if i not in foreign_held]
-    foreign_test = [q for i, q in enumerate(foreign) if i in foreign_held]
+    foreign_train, foreign_test = _held_out(foreign_questions() if foreign_weight else (), seed)
     # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
@@ -285,10 +288,9 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         if len(chunks) < MODE_MIN_CHUNKS[mode]:
             continue  # 这种方式分块还不够，用全局校准（见 MODE_MIN_CHUNKS）
         plan = plans[mode]
-        train = [q for i, q in enumerate(made[plan]) if i not in held[plan]]
-        test = [q for i, q in enumerate(made[plan]) if i in held[plan]]
+        train, test = made[plan]
         fitted = _collect(kb, train, mode, documents, credits, foreign_train)  # type: ignore[arg-type]
-        rows, labels, weights = fitted.flat(ABSENT[mode].weight, foreign_share(len(chunks)))
+        rows, labels, weights = fitted.flat(ABSENT[mode].weight, foreign_weight)
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
