@@ -65,7 +65,7 @@ from raglib.parsing import ParsedDocument, ParseError, get_ocr_engine
 from raglib.parsing.base import Segment
 from raglib.providers.breaker import CircuitOpenError
 from raglib.providers.embedding import EmbeddingError, EmbeddingProvider
-from raglib.relevance import MODE_MIN_CHUNKS, PROVISIONAL_CHUNKS, fit_on_write
+from raglib.relevance import FIT_POINTS, PROVISIONAL_CHUNKS, fit_on_write
 
 logger = structlog.get_logger(__name__)
 
@@ -392,8 +392,8 @@ VECTOR_FLUSH_TASK_FUNC = "ops.tasks.flush_vector_pending"
 # 相关概率模型的拟合由任务层执行（``ops.tasks.refresh_relevance_profiles``，它调用 search.relevance），按名字入队
 RELEVANCE_TASK_FUNC = "ops.tasks.refresh_relevance_profiles"
 # 知识库里别的已完成文档的分块数：最多看这么多篇（每篇至少一块）。看满了，这次写入之前的分块数就不少于它，
-# 任何一种方式的下限（最大的是 5）都不会因这次写入才够（见 _fittable_now）
-_OTHERS_PROBE = max(MODE_MIN_CHUNKS.values())
+# 立即拟合的分块数（最大的是 5）都不会因这次写入才越过（见 _fittable_now）
+_OTHERS_PROBE = max(FIT_POINTS)
 _OTHERS_SQL = (
     "SELECT coalesce(sum(chunk_count), 0) FROM (SELECT chunk_count FROM documents WHERE knowledge_base_id = %s"
     " AND status = 'completed' AND chunk_count > 0 AND id <> %s LIMIT %s) d"
@@ -464,8 +464,8 @@ def copy_chunks(run: Run, parsed: ParsedDocument, drafts: Sequence[ChunkDraft],
 
 
 def _fittable_now(run: Run, replaced: int, written: int) -> bool:
-    """这次写入（换掉本文档原有的 ``replaced`` 个分块、写进 ``written`` 个）是否让知识库刚够某种方式拟合相关概率
-    模型、而库还小（:func:`raglib.relevance.fit_on_write`）。
+    """这次写入（换掉本文档原有的 ``replaced`` 个分块、写进 ``written`` 个）是否让知识库刚够拟合相关概率模型
+    或刚不算小库、而库还不大（:func:`raglib.relevance.fit_on_write`）。
 
     新库的第一次拟合以前要等每分钟的定时任务：README 的第一条命令起服务、传三个小文件，30~100 秒后分数才换成本库的，
     这之前向量方式的正确答案只有 0.05。这样的时刻一个库只有几次，按它入队不会塞满队列（批量写入一千个条目也只排

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from raglib.scoring import Calibration, hybrid_logit
+from raglib.scoring import Calibration, fulltext_logit, hybrid_logit
 
 # 牛顿法的 L2（作用在标准化后的特征上）：伪查询有几千个候选，这个量级只防完全可分时发散，不压制真实的权重
 L2 = 1.0
@@ -50,6 +50,12 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
     # 是原文去字，字面重合多——在换了说法的真实问题上排序变差（docs/EVALUATION.md）；单调的校准不改名次，不会。
     "hybrid": ("calibrated",),
 }
+# 分块不到 SMALL_CHUNKS 个的库，全文方式也只在全局校准之上做单调的重新校准（一个特征：全局全文曲线的对数几率）。
+# 这么小的库里 BM25 的 IDF 失真：1 块的库里库里有的词 df = N，IDF 只有库里没有的词的五分之一，匹配程度（BM25 分 ÷
+# 可能的最高分）整体偏低，全局曲线给问的正是它的问题 0.01~0.16。名次在这样的库里本来就对（相关与不相关的分数差着
+# 一两个数量级），差的只是尺度；四个特征的模型在几十条伪查询上学出来的却是“伪查询那样几乎照抄原文才相关”
+# （召回率 0.03~0.24）。单调的校准只挪尺度，不改名次（docs/EVALUATION.md）
+SMALL_MODE_FEATURES: dict[str, tuple[str, ...]] = {"fulltext": ("fulltext_calibrated",)}
 # 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
 # 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）；
 # 3 = 去完剩下的太少的句子不出题（MIN_KEPT_HAN），别的文章里有几乎同一句的不用（NEAR_COPY）；
@@ -57,25 +63,31 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
 # 5 = 只有一篇文档的库按分块判相关（search.relevance.same_document_credit）：以前这样的库三种方式都学不出，升级后
 #     重新拟合一遍才有模型（别的库拟合出的模型与 4 相同，只是重算一次）；
 # 6 = 推广到占了库里至少一半分块的文档（search.relevance.DOMINANT_SHARE）：一份长文加几篇短文的库，出自长文的伪查询
-#     也按分块判（一篇文档的库与文档都不到一半的库拟合出的模型与 5 相同）
-MODEL_REVISION = 6
+#     也按分块判（一篇文档的库与文档都不到一半的库拟合出的模型与 5 相同）；
+# 7 = 小库（SMALL_CHUNKS）也学全文方式：全局校准之上的单调校准（SMALL_MODE_FEATURES）。以前 1~4 块的库没有全文方式
+#     的模型，升级后重新拟合一遍才有（5 块起的库拟合出的模型与 6 相同）
+MODEL_REVISION = 7
 
-# 每种方式的模型至少要这么多个可检索分块才拟合；不够的方式用全局校准。以前是一律 30，后来一律 5、向量与混合 3：
-# 分块更少的库（一个新用户的前几份文档、一个 Agent 的小笔记库）向量方式一条都到不了 0.5。cmrc2018 里抽出的 40 个
-# 1~6 块的小库（docs/EVALUATION.md“三块的库”“一两个分块的库”）：
-# - 向量与混合从 1 块起学得出，靠外来问题出反例（:func:`foreign_questions`、``search.relevance.FOREIGN_BELOW``）：
-#   1~2 块的库 0.5 处精确率 / 召回率 向量 0 / 0 → 1.00 / 0.94~0.97，混合 → 1.00 / 0.89~0.90（每句出 5 条伪查询，
+# 至少要这么多个可检索分块才拟合。以前是 30，后来 5（向量与混合 3），再后来向量与混合 1、全文 5；现在三种方式都从
+# 1 块起：分块更少的库（一个新用户的前几份文档、一个 Agent 的小笔记库）用全局校准时，向量方式一条都到不了 0.5，
+# 全文方式问的正是它的问题也只有 0.01~0.16。cmrc2018 里抽出的 40 个 1~6 块的小库（docs/EVALUATION.md“三块的库”
+# “一两个分块的库”“小库的全文方式”）：
+# - 向量与混合靠外来问题出反例（:func:`foreign_questions`、``search.relevance.foreign_share``）：1~2 块的库 0.5 处
+#   精确率 / 召回率 向量 0 / 0 → 1.00 / 0.94~0.97，混合 → 1.00 / 0.89~0.90（每句出 5 条伪查询，
 #   ``search.relevance.FOREIGN_VARIANTS``），别的话题的问题第一名均值 ≤ 0.166；没有外来问题时 1 块的库造不出反例，
 #   2 块的库学成“别的话题也有答案”（那个均值 0.26~0.29）；
-# - 全文的模型要 5 块：3 块时别的话题的问题第一名均值 0.38、4 块 0.19（全局校准约 0.002），召回率的收益抵不过它；
-#   加外来问题的 1~2 块的库召回率也只有 0.03~0.24
-MODE_MIN_CHUNKS: dict[str, int] = {"vector": 1, "fulltext": 5, "hybrid": 1}
-# 少于这么多个可检索分块的库不拟合（哪种方式都学不出来）
-MIN_CHUNKS = min(MODE_MIN_CHUNKS.values())
+# - 全文方式在小库里只做单调的重新校准（:data:`SMALL_MODE_FEATURES`）：四个特征的模型 3 块时别的话题的问题第一名
+#   均值 0.38、4 块 0.19，加外来问题的 1~2 块的库召回率也只有 0.03~0.24
+MIN_CHUNKS = 1
+# 分块不到这么多个的库是小库：拟合时另拿外来问题出反例（``search.relevance.foreign_share``），全文方式的模型只在
+# 全局校准之上做单调的重新校准（:data:`SMALL_MODE_FEATURES`）。5 块起的库有拿掉答案的变体出反例，不用外来问题
+SMALL_CHUNKS = 5
+# 写入越过这些分块数时立即拟合（:func:`fit_on_write`）
+FIT_POINTS = (MIN_CHUNKS, SMALL_CHUNKS)
 
 
 # 拟合时不到这么多个分块的模型算临时的（``search.relevance.profiles_due``）：库又变了两成就在下一次检查时重新拟合，
-# 不等“离上次拟合至少十分钟”——1 块时拟合过的库到 5 块才学得出全文方式的模型。写入也只替这么小的库立即拟合
+# 不等“离上次拟合至少十分钟”——1 块时拟合过的库到 5 块就不再是小库，模型的做法要换。写入也只替这么小的库立即拟合
 # （:func:`fit_on_write`）：小库句子少、伪查询少，拟合几秒钟；批量导入的库第一篇长文档就有几十块，要是那时就拟合，
 # 接下来十分钟都用一篇文档学出的模型打分（伪查询的候选全在同一篇里，往往一种方式也学不出），不如照旧交给定时任务
 PROVISIONAL_CHUNKS = 30
@@ -83,16 +95,18 @@ PROVISIONAL_CHUNKS = 30
 
 def fit_on_write(before: int, after: int) -> bool:
     """写入让知识库的分块从 ``before`` 个变成 ``after`` 个，是否该立即拟合（``documents.ingestion`` 按它入队）：
-    刚够某种方式拟合（:data:`MODE_MIN_CHUNKS`），而库还不到 :data:`PROVISIONAL_CHUNKS` 块。一个库一生只有一两次。"""
-    return after < PROVISIONAL_CHUNKS and any(before < least <= after for least in MODE_MIN_CHUNKS.values())
+    刚够拟合（:data:`MIN_CHUNKS`）或刚不算小库（:data:`SMALL_CHUNKS`：不再用外来问题，全文方式换成四个特征的模型），
+    而库还不到 :data:`PROVISIONAL_CHUNKS` 块。一个库一生只有一两次。"""
+    return after < PROVISIONAL_CHUNKS and any(before < least <= after for least in FIT_POINTS)
 
 # 每个特征权重允许的符号（+1：越大越相关；-1：越小越相关，名次）。见 fit_model
 FEATURE_SIGNS: dict[str, int] = {
     "similarity": 1, "similarity_gap": 1, "similarity_lift": 1, "vector_rank": -1,
-    "match": 1, "match_share": 1, "fulltext_rank": -1, "coverage": 1, "calibrated": 1,
+    "match": 1, "match_share": 1, "fulltext_rank": -1, "coverage": 1, "calibrated": 1, "fulltext_calibrated": 1,
 }
-# 只能单调使用的方式：唯一的特征拟合不出正的权重时不用这个模型（回到全局校准），截断也不做（截断会造成并列）
-MONOTONE_MODES = frozenset({"hybrid"})
+# 只能单调使用的特征组（全局校准之上的重新校准）：唯一的特征拟合不出正的权重时不用这个模型（回到全局校准），
+# 截断也不做（截断会造成并列）
+MONOTONE_FEATURES = frozenset({("calibrated",), ("fulltext_calibrated",)})
 
 
 def fit_logistic(features: np.ndarray, labels: np.ndarray, *, l2: float = 1e-3, iterations: int = 50,
@@ -170,6 +184,7 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
         })
         if calibration is not None:
             rows[-1]["calibrated"] = hybrid_logit(similarity, match * gate, calibration)
+            rows[-1]["fulltext_calibrated"] = fulltext_logit(match, calibration)
     return rows
 
 
@@ -211,8 +226,13 @@ class RelevanceModel:
                    tuple(float(v) for v in data.get("high", ())), int(data.get("revision", 0)))
 
 
+def mode_features(mode: str, *, small: bool = False) -> tuple[str, ...]:
+    """一种方式的模型用的特征：``small`` 是分块不到 :data:`SMALL_CHUNKS` 个的库（:data:`SMALL_MODE_FEATURES`）。"""
+    return SMALL_MODE_FEATURES.get(mode, MODE_FEATURES[mode]) if small else MODE_FEATURES[mode]
+
+
 def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[float],
-              sample_weights: Sequence[float] | None = None) -> RelevanceModel | None:
+              sample_weights: Sequence[float] | None = None, *, small: bool = False) -> RelevanceModel | None:
     """在 (特征, 相关程度 0~1) 上拟合一种方式的模型（``sample_weights``：每个样本算几个）；特征先按训练集标准化
     （常数特征的尺度记为 1）。
 
@@ -220,7 +240,7 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[f
     直到全部同向——反向的权重是模型借别的特征的组合去猜标签里特征之外的东西（例如“与出处同一篇文档”），
     在真实问题上会把证据更弱的结果排到前面。单调的方式（:data:`MONOTONE_MODES`）一个特征都不剩时返回 None，
     且不记取值范围（不截断）。"""
-    names = MODE_FEATURES[mode]
+    names = mode_features(mode, small=small)
     x = np.array([[row[name] for name in names] for row in rows], dtype=float)
     y = np.array(labels, dtype=float)
     sample = None if sample_weights is None else np.array(sample_weights, dtype=float)
@@ -240,7 +260,7 @@ def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[f
             bias = fitted_bias
             break
         del used[int(np.argmin(signed))]
-    monotone = mode in MONOTONE_MODES
+    monotone = names in MONOTONE_FEATURES
     if monotone and not used:
         return None
     low, high = ((), ()) if monotone else (tuple(float(v) for v in x.min(axis=0)),

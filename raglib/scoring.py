@@ -54,8 +54,13 @@ def vector_score(similarity: float, calibration: Calibration) -> float:
     return sigmoid((similarity - calibration.vector_center) / calibration.vector_scale)
 
 
+def fulltext_logit(unit: float, calibration: Calibration) -> float:
+    """全文方式的全局校准在逻辑函数之前的值：小库的本库模型在它上面再做一次单调的校准（raglib.relevance）。"""
+    return (unit - calibration.fulltext_center) / calibration.fulltext_scale
+
+
 def fulltext_score(unit: float, calibration: Calibration) -> float:
-    return sigmoid((unit - calibration.fulltext_center) / calibration.fulltext_scale)
+    return sigmoid(fulltext_logit(unit, calibration))
 
 
 def hybrid_logit(similarity: float, unit: float, calibration: Calibration) -> float:

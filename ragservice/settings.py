@@ -427,12 +427,12 @@ FULLTEXT_L0_MAX_CHUNKS = env_int(
     "RAG_FULLTEXT_L0_MAX_CHUNKS", 200,
     "知识库新写入、还没合并成段的分块（L0）达到这个数就立即排一次合并；不到的由每分钟的定时任务合并",
     minimum=1)
-# 写入让知识库的分块刚够某种方式拟合相关概率模型（1、5 块，raglib.relevance.MODE_MIN_CHUNKS）时立即排一次拟合，
+# 写入让知识库的分块刚够拟合相关概率模型（1 块）或刚不算小库（5 块，raglib.relevance.FIT_POINTS）时立即排一次拟合，
 # 不等每分钟的定时任务（documents.ingestion.copy_chunks）。测试默认把它关掉（tests/conftest.py），免得每个建了库的
 # 测试都在摄取时拟合一遍；RAG_QUEUE_SYNC 时拟合在写入的请求里执行，新库的第一个写入因此多 1~3 s
 RELEVANCE_FIT_ON_WRITE = env_bool(
     "RAG_RELEVANCE_FIT_ON_WRITE", True,
-    "写入让小知识库刚够拟合相关概率模型（1 块、5 块）时立即排一次拟合；"
+    "写入让小知识库刚够拟合相关概率模型（1 块）或刚不算小库（5 块）时立即排一次拟合；"
     "false 时只靠每分钟的定时检查（新库晚约一分钟用上本库分数）")
 EXACT_SEARCH_MAX_CHUNKS = env_int(
     "RAG_EXACT_SEARCH_MAX_CHUNKS", 20000,

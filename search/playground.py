@@ -154,7 +154,7 @@ def model_source_label(kb: KnowledgeBase, mode: str) -> str:
     if source is None:
         return "全局校准（本库与同模型的库都还没有学好的模型）"
     if profiles.relevance_model(kb.id, mode) is None:
-        return f"全局校准（模型里没有 {mode} 方式的：分块不够或伪查询学不出）"
+        return f"全局校准（模型里没有 {mode} 方式的：伪查询学不出）"
     if source == kb.id:
         return "本库模型"
     other = KnowledgeBase.objects.filter(id=source).values_list("name", flat=True).first()

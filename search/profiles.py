@@ -22,7 +22,7 @@ from cachetools import TTLCache
 from documents.models import DocumentChunk
 from knowledge.models import KnowledgeBase
 from raglib.analysis import text_script
-from raglib.relevance import MODE_FEATURES, RelevanceModel
+from raglib.relevance import MODE_FEATURES, SMALL_MODE_FEATURES, RelevanceModel
 from raglib.retrieval_profile import RetrievalProfile, model_profile
 from search.models import RelevanceProfile
 
@@ -51,7 +51,7 @@ _lock = threading.Lock()
 
 def current(model: RelevanceModel) -> bool:
     """模型的特征是否就是当前代码为这种方式算的那些（特征变了的旧模型不能用）。"""
-    return model.features == MODE_FEATURES.get(model.mode)
+    return model.features in (MODE_FEATURES.get(model.mode), SMALL_MODE_FEATURES.get(model.mode))
 
 
 def embedding_model_key(kb: KnowledgeBase) -> str:

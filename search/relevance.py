@@ -6,9 +6,10 @@
 - 留出两成伪查询自测：模型排序与原有排序的 MRR，以及 0.5 阈值下的精确率与召回率、拿掉答案后第一名的分数。
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
-- 分块太少（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数；每种方式另有自己的下限（:data:`MODE_MIN_CHUNKS`）。
-  不到 :data:`FOREIGN_BELOW` 块的库另拿随包的外来问题检索一遍，结果全当反例（:func:`foreign_share`）。
-- 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够某种方式拟合（1 块、5 块）时立即排一次
+- 没有可检索分块（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数。不到 ``SMALL_CHUNKS`` 块的小库另拿随包的
+  外来问题检索一遍，结果全当反例（:func:`foreign_share`），全文方式只做单调的重新校准
+  （``raglib.relevance.SMALL_MODE_FEATURES``）。
+- 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够拟合（1 块）或刚不算小库（5 块）时立即排一次
   （``documents.ingestion.copy_chunks``、``raglib.relevance.fit_on_write``），定时任务每分钟再检查一次：还没有模型
   而分块已经够了、或模型的做法过时，下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）
   时重新拟合，但离上次拟合至少 ``REFIT_INTERVAL``：大批摄取期间不至于一分钟拟合一次——拟合时不到 30 块
@@ -40,9 +41,9 @@ from raglib.relevance import (
     DEFAULT_DROP_SHARE,
     MIN_CHUNKS,
     MODE_FEATURES,
-    MODE_MIN_CHUNKS,
     MODEL_REVISION,
     PROVISIONAL_CHUNKS,
+    SMALL_CHUNKS,
     DropShare,
     Evidence,
     PseudoQuery,
@@ -112,14 +113,18 @@ SAME_DOCUMENT_CREDIT = 0.3
 # .839 / .760 / .650；独占的库以前三种方式一种也学不出（全部候选都“相关”，拿掉答案后一个不剩）。开发集里最大的
 # 一篇占 14%（squad），拟合不受影响（docs/EVALUATION.md）
 DOMINANT_SHARE = 0.5
-# 分块少于这么多个的库，拟合时另拿随包的外来问题（raglib.relevance.foreign_questions）去检索，结果全当反例；
-# 这些问题合起来在拟合里算 FOREIGN_SHARE ÷ 分块数 倍伪查询的条数（:func:`foreign_share`）。这样的库伪查询少，
-# 拿掉答案的变体（ABSENT）要库里还剩别的分块，1 块的库一条也造不出：模型不知道别的话题的问题会落在哪里。
-# cmrc2018 的小库上（docs/EVALUATION.md“一两个分块的库”），1 块的库向量方式里别的话题的中文问题第一名均值：
-# 1 倍 0.51、3 倍 0.32、10 倍 0.165（召回率 1.00 → 0.86）；3~4 块的库 10 倍时召回率掉（混合 0.68 → 0.62），
-# 3 倍左右召回率不变、那个均值低三到四成——所以按分块数摊。5 块起的库不用（开发集的模型不变）
-FOREIGN_BELOW = 5
-FOREIGN_SHARE = 10.0
+# 小库（分块不到 raglib.relevance.SMALL_CHUNKS 个）拟合时另拿随包的外来问题（raglib.relevance.foreign_questions）
+# 去检索，结果全当反例；这些问题合起来在拟合里算 FOREIGN_SHARES[方式] ÷ 分块数 倍伪查询的条数
+# （:func:`foreign_share`）。这样的库伪查询少，拿掉答案的变体（ABSENT）要库里还剩别的分块，1 块的库一条也造不出：
+# 模型不知道别的话题的问题会落在哪里。cmrc2018 的小库上（docs/EVALUATION.md“一两个分块的库”“小库的全文方式”）：
+# - 向量与混合 10：1 块的库向量方式里别的话题的中文问题第一名均值 1 倍 0.51、3 倍 0.32、10 倍 0.165（召回率
+#   1.00 → 0.86）；3~4 块的库 10 倍时召回率掉（混合 0.68 → 0.62），3 倍左右召回率不变、那个均值低三到四成——
+#   所以按分块数摊；
+# - 全文 0.3：外来问题与这么小的库很少有字面重合，匹配上的几条匹配程度都很低，分得很开；权重大了模型把界线推到
+#   几乎照抄原文的伪查询那边，1 块的库 0.5 处召回率 10 倍 0.29、1 倍 0.43、0.3 倍 0.69、0.1 倍 0.91（那时别的话题的
+#   问题第一名最高 0.215，0.3 倍 0.086）。
+# 5 块起的库不用（开发集的模型不变）
+FOREIGN_SHARES: dict[str, float] = {"vector": 10.0, "fulltext": 0.3, "hybrid": 10.0}
 # 这样的库每句话出几条伪查询（每条随机去掉不同的字，raglib.relevance.pseudo_queries 的 ``variants``）：一块只有两三句话
 # 的库只有两三条正例，对着一百个外来问题，逻辑回归的斜率被正则压住，问的正是它的问题也到不了 0.5（一篇产品说明
 # 的 html，“怎么完成配置”向量 0.29）。cmrc2018 的小库上 1 条 → 3 条 → 5 条：混合方式 0.5 处召回率 0.71 → 0.77 → 0.80，
@@ -159,10 +164,10 @@ class _Examples:
         return rows, labels + [0.0] * (len(rows) - len(labels)), weights
 
 
-def foreign_share(chunks: int) -> float:
-    """分块数为 ``chunks`` 的库拟合时外来问题合起来算几倍伪查询的条数：:data:`FOREIGN_SHARE` ÷ 分块数，
-    :data:`FOREIGN_BELOW` 块起为 0（不用外来问题）。"""
-    return FOREIGN_SHARE / chunks if chunks < FOREIGN_BELOW else 0.0
+def foreign_share(chunks: int, mode: str) -> float:
+    """分块数为 ``chunks`` 的库拟合 ``mode`` 方式时外来问题合起来算几倍伪查询的条数：:data:`FOREIGN_SHARES` ÷ 分块数，
+    ``SMALL_CHUNKS`` 块起为 0（不用外来问题）。"""
+    return FOREIGN_SHARES[mode] / chunks if chunks < SMALL_CHUNKS else 0.0
 
 
 def same_document_credits(documents: Mapping[int, uuid.UUID]) -> dict[uuid.UUID, float]:
@@ -256,8 +261,7 @@ def _held_out(items: Sequence[_T], seed: int) -> tuple[list[_T], list[_T]]:
 
 def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: int = 0,
                   drop_shares: Mapping[str, DropShare] = DROP_SHARES) -> RelevanceProfile | None:
-    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None；
-    分块少于某种方式的 :data:`MODE_MIN_CHUNKS` 时只是不给那种方式拟合。
+    """拟合并保存该知识库的相关概率模型；可检索分块少于 ``MIN_CHUNKS`` 时不拟合（删掉旧模型），返回 None。
     ``queries`` 是向量与全文方式的伪查询条数，每种方式是它的 :data:`QUERY_FACTORS` 倍（记下的 ``queries`` 是最多的
     那批）；``drop_shares`` 是每种方式的伪查询去字比例（缺的方式用 :data:`DROP_SHARES` 的）；比例与条数都相同的方式
     共用一批伪查询。"""
@@ -271,30 +275,28 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     credits = same_document_credits(documents)
     plans = {mode: _Batch(drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode])
              for mode in MODE_FEATURES}
-    foreign_weight = foreign_share(len(chunks))
+    small = len(chunks) < SMALL_CHUNKS
     # 小库的句子少，每句出几条（FOREIGN_VARIANTS）；大库的句子够用，一句一条
-    variants = FOREIGN_VARIANTS if foreign_weight else 1
+    variants = FOREIGN_VARIANTS if small else 1
     # 比例与条数都相同的方式共用一批伪查询。每批各自留出两成：各批条数不同（混合方式的大三倍；去得多的那批里去完太短、
     # 不出题的句子多），条数相同的批留出同样的下标
     made = {plan: _held_out(pseudo_queries(chunks, plan.size, seed=seed, share=plan.share, variants=variants), seed)
             for plan in set(plans.values())}
     count = max(len(train) + len(test) for train, test in made.values())
-    # 小库另用外来问题出反例（FOREIGN_BELOW），同样留出两成自测
-    foreign_train, foreign_test = _held_out(foreign_questions() if foreign_weight else (), seed)
+    # 小库另用外来问题出反例（SMALL_CHUNKS），同样留出两成自测
+    foreign_train, foreign_test = _held_out(foreign_questions() if small else (), seed)
     # 旧模型不影响拟合：每个伪查询取回融合选出的全部候选，特征与排序无关，自测前按融合名次恢复原有顺序
     mode_models: dict[str, dict[str, object]] = {}
     validation: dict[str, dict[str, float]] = {}
     for mode in MODE_FEATURES:
-        if len(chunks) < MODE_MIN_CHUNKS[mode]:
-            continue  # 这种方式分块还不够，用全局校准（见 MODE_MIN_CHUNKS）
         plan = plans[mode]
         train, test = made[plan]
         fitted = _collect(kb, train, mode, documents, credits, foreign_train)  # type: ignore[arg-type]
-        rows, labels, weights = fitted.flat(ABSENT[mode].weight, foreign_weight)
+        rows, labels, weights = fitted.flat(ABSENT[mode].weight, foreign_share(len(chunks), mode))
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
-        model = fit_model(mode, rows, labels, weights)
+        model = fit_model(mode, rows, labels, weights, small=small)
         if model is None:
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue

@@ -121,8 +121,8 @@ class EvaluationReport:
     # 以及本次为它拟合用了多少秒（没拟合为 0）
     score_source: str = "global"
     fit_seconds: float = 0.0
-    # 有模型（本库的或借来的）时，其中没有这种方式的模型、这种方式仍用全局校准的那些（分块不够，见
-    # ``raglib.relevance.MODE_MIN_CHUNKS``；或伪查询只有一类、学不出单调的模型）
+    # 有模型（本库的或借来的）时，其中没有这种方式的模型、这种方式仍用全局校准的那些（伪查询只有一类，或学不出
+    # 单调的模型）
     global_modes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -159,7 +159,7 @@ class EvaluationReport:
             "",
             f"分数：{SCORE_SOURCES[self.score_source]}"
             + (f"（本次拟合 {self.fit_seconds:.0f} s）" if self.fit_seconds else "")
-            + (f"；{'、'.join(self.global_modes)} 方式没有学出模型（分块不够或伪查询学不出），用全局校准参数"
+            + (f"；{'、'.join(self.global_modes)} 方式没有学出模型（伪查询学不出），用全局校准参数"
                if self.global_modes else ""),
             "",
             "| 方式 | 问题数 | nDCG@10 | Recall@10 | Recall@100 | MRR@10 | hit@1 | hit@5 | hit@10 | p50 ms | p95 ms |",

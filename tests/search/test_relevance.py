@@ -25,9 +25,11 @@ from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
 from raglib.providers.embedding import clear_embedding_providers
 from raglib.relevance import (
     MIN_CHUNKS,
-    MODE_MIN_CHUNKS,
+    MODE_FEATURES,
     MODEL_REVISION,
     PROVISIONAL_CHUNKS,
+    SMALL_CHUNKS,
+    SMALL_MODE_FEATURES,
     DropShare,
     PseudoQuery,
     fit_model,
@@ -38,8 +40,7 @@ from search import profiles, relevance, services
 from search.models import RelevanceProfile
 from search.relevance import (
     DROP_SHARES,
-    FOREIGN_BELOW,
-    FOREIGN_SHARE,
+    FOREIGN_SHARES,
     REFIT_INTERVAL,
     SAME_DOCUMENT_CREDIT,
     foreign_share,
@@ -208,18 +209,18 @@ def test_empty_knowledge_base_is_not_fitted(kb_factory: Any, capsys: Any) -> Non
 def test_one_chunk_knowledge_base_learns_from_foreign_questions(client_rw: Any, kb_factory: Any, fake_embedder: Any,
                                                                capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """一个分块的库造不出“库里没有答案”的伪查询：外来问题（raglib.relevance.foreign_questions）去检索它，结果全当反例，
-    向量与混合方式学得出本库模型；自测报外来问题第一名的均值。（假 embedding 的余弦没有意义，分数的好坏见
-    docs/EVALUATION.md“一两个分块的库”。）"""
+    三种方式都学得出本库模型；自测报外来问题第一名的均值。（假 embedding 的余弦没有意义，分数的好坏见
+    docs/EVALUATION.md“一两个分块的库”“小库的全文方式”。）"""
     kb = kb_factory()
     ingest_one_chunk_topics(client_rw, kb, [0])
     # 不用外来问题时伪查询的候选只有出题的那一块，全是正例：一种方式也学不出
-    monkeypatch.setattr(relevance, "FOREIGN_BELOW", 1)
+    monkeypatch.setattr(relevance, "SMALL_CHUNKS", 1)
     assert relevance_fit(kb=kb, queries=30).mode_models == {}  # type: ignore[union-attr]
-    monkeypatch.setattr(relevance, "FOREIGN_BELOW", FOREIGN_BELOW)
+    monkeypatch.setattr(relevance, "SMALL_CHUNKS", SMALL_CHUNKS)
     call_command("fit_relevance", "--kb", kb.name, "--queries", "30")
     out = capsys.readouterr().out
     profile = RelevanceProfile.objects.get(knowledge_base=kb)
-    assert profile.chunk_count == 1 and set(profile.mode_models) == {"vector", "hybrid"}
+    assert profile.chunk_count == 1 and set(profile.mode_models) == {"vector", "fulltext", "hybrid"}
     assert "foreign_top1_mean" in profile.validation["vector"] and "外来问题第一名" in out
     asked = services.search(kb, services.SearchRequest(query=f"{TOPICS[0]}第1种情况的处理方法", top_k=1, mode="vector",
                                                        rerank=False))
@@ -231,42 +232,53 @@ def test_foreign_questions_weigh_more_the_fewer_chunks_a_knowledge_base_has() ->
     assert len(questions) >= 100 and not any(q.startswith("#") for q in questions)
     # 简体、繁体、英文三种写法都有
     assert all(any(mark(q) for q in questions) for mark in (str.isascii, lambda q: "嗎" in q, lambda q: "吗" in q))
-    assert foreign_share(1) == FOREIGN_SHARE and foreign_share(2) == FOREIGN_SHARE / 2
-    assert foreign_share(FOREIGN_BELOW) == 0.0
+    for mode, share in FOREIGN_SHARES.items():
+        assert foreign_share(1, mode) == share and foreign_share(2, mode) == share / 2
+        assert foreign_share(SMALL_CHUNKS, mode) == 0.0
+    # 全文方式的外来问题轻得多：它们与小库很少有字面重合，重了模型只认几乎照抄原文的提问
+    assert FOREIGN_SHARES["fulltext"] < FOREIGN_SHARES["vector"] == FOREIGN_SHARES["hybrid"]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_each_mode_needs_its_own_number_of_chunks(client_rw: Any, kb_factory: Any, fake_embedder: Any,
-                                                 capsys: Any) -> None:
-    """一个分块的库就学得出向量与混合方式的模型，全文方式要五块（MODE_MIN_CHUNKS）：那种方式的检索用全局校准。"""
-    assert MODE_MIN_CHUNKS["vector"] == MODE_MIN_CHUNKS["hybrid"] == MIN_CHUNKS < MODE_MIN_CHUNKS["fulltext"]
+def test_small_knowledge_bases_recalibrate_fulltext_without_reordering(client_rw: Any, kb_factory: Any,
+                                                                       fake_embedder: Any) -> None:
+    """不到 SMALL_CHUNKS 块的小库，全文方式的模型只在全局校准之上做单调的重新校准（SMALL_MODE_FEATURES）：
+    名次与全局校准逐条相同，只换分数的尺度；库长到 SMALL_CHUNKS 块后换成四个特征的模型。"""
     kb = kb_factory()
-    ingest_one_chunk_topics(client_rw, kb, range(MIN_CHUNKS))
-    call_command("fit_relevance", "--kb", kb.name, "--queries", "30")
-    assert f"fulltext：可检索分块少于 {MODE_MIN_CHUNKS['fulltext']} 个" in capsys.readouterr().out
-    profile = RelevanceProfile.objects.get(knowledge_base=kb)
-    assert profile.chunk_count == MIN_CHUNKS
-    assert "vector" in profile.mode_models and "fulltext" not in profile.mode_models
-    fulltext, vector = (services.search(kb, services.SearchRequest(query="月季 处理方法", top_k=3, mode=mode,
-                                                                   rerank=False))
-                        for mode in ("fulltext", "vector"))
-    assert fulltext.results and not any(r.learned for r in fulltext.results)
-    assert vector.results and all(r.learned for r in vector.results)
+    ingest_one_chunk_topics(client_rw, kb, range(3))
+    request = services.SearchRequest(query="月季第1种情况 处理方法", top_k=3, mode="fulltext", rerank=False)
+    before = services.search(kb, request).results
+    assert len(before) >= 2 and not any(r.learned for r in before)
+    profile = relevance_fit(kb=kb, queries=30)
+    assert profile is not None and profile.chunk_count == 3 < SMALL_CHUNKS
+    assert profile.mode_models["fulltext"]["features"] == list(SMALL_MODE_FEATURES["fulltext"])
+    after = services.search(kb, request).results
+    assert all(r.learned for r in after)
+    assert [r.chunk.chunk_id for r in after] == [r.chunk.chunk_id for r in before]
+    assert [r.score for r in after] == sorted((r.score for r in after), reverse=True)
+    assert [r.score for r in after] != [r.score for r in before]
+    ingest_one_chunk_topics(client_rw, kb, [3, 4])
+    grown = relevance_fit(kb=kb, queries=30)
+    assert grown is not None and grown.chunk_count == SMALL_CHUNKS
+    assert grown.mode_models["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
 
 
 @pytest.mark.django_db(transaction=True)
 def test_provisional_models_are_refitted_without_waiting(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> None:
-    """拟合时不到 PROVISIONAL_CHUNKS 块的模型是临时的：库变了两成就重新拟合，不等 REFIT_INTERVAL（三块时没有全文方式
-    的模型，到第五块才学得出；库在批量导入时也不会十分钟都用三块学出的模型）；够了 PROVISIONAL_CHUNKS 块的照旧等。"""
+    """拟合时不到 PROVISIONAL_CHUNKS 块的模型是临时的：库变了两成就重新拟合，不等 REFIT_INTERVAL（三块时是小库的
+    模型，到第五块换成大库的做法；库在批量导入时也不会十分钟都用三块学出的模型）；够了 PROVISIONAL_CHUNKS 块的
+    照旧等。"""
     kb = kb_factory()
     ingest_one_chunk_topics(client_rw, kb, range(3))
     assert relevance_refresh(only=kb.id) == [kb]
-    assert "fulltext" not in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+    small = RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+    assert small["fulltext"]["features"] == list(SMALL_MODE_FEATURES["fulltext"])
     ingest_one_chunk_topics(client_rw, kb, [3])
     assert relevance_refresh(only=kb.id) == [kb]
     ingest_one_chunk_topics(client_rw, kb, [4])
     assert relevance_refresh(only=kb.id) == [kb]
-    assert "fulltext" in RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+    grown = RelevanceProfile.objects.get(knowledge_base=kb).mode_models
+    assert grown["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
     assert relevance_refresh(only=kb.id) == []
     # 同一个库要是在 PROVISIONAL_CHUNKS 块时拟合的：变了两成也要等 REFIT_INTERVAL
     RelevanceProfile.objects.filter(knowledge_base=kb).update(document_chunk_count=PROVISIONAL_CHUNKS)
@@ -274,9 +286,10 @@ def test_provisional_models_are_refitted_without_waiting(client_rw: Any, kb_fact
 
 
 @pytest.mark.django_db(transaction=True)
-def test_writes_that_make_a_mode_fittable_fit_at_once(client_rw: Any, kb_factory: Any, fake_embedder: Any,
+def test_writes_that_cross_a_fit_point_fit_at_once(client_rw: Any, kb_factory: Any, fake_embedder: Any,
                                                       settings: Any) -> None:
-    """写入让库的分块刚够 1 块、5 块时立即拟合（任务在测试里同步执行），不等每分钟的定时任务；别的写入不排拟合。
+    """写入让库的分块刚够 1 块（刚够拟合）、5 块（刚不算小库）时立即拟合（任务在测试里同步执行），不等每分钟的
+    定时任务；别的写入不排拟合。
     条目的写入与文件的摄取走同一个写分块的函数。"""
     settings.RELEVANCE_FIT_ON_WRITE = True
     kb = kb_factory()
@@ -286,12 +299,14 @@ def test_writes_that_make_a_mode_fittable_fit_at_once(client_rw: Any, kb_factory
                            format="json")
     assert stored.status_code in (200, 201), stored.content
     first = RelevanceProfile.objects.get(knowledge_base=kb)
-    assert first.document_chunk_count == 1 and "vector" in first.mode_models and "fulltext" not in first.mode_models
+    assert first.document_chunk_count == 1 and set(first.mode_models) == {"vector", "fulltext", "hybrid"}
+    assert first.mode_models["fulltext"]["features"] == list(SMALL_MODE_FEATURES["fulltext"])
     ingest_one_chunk_topics(client_rw, kb, range(3))
     assert RelevanceProfile.objects.get(knowledge_base=kb).fitted_at == first.fitted_at
     ingest_one_chunk_topics(client_rw, kb, [4])
     fifth = RelevanceProfile.objects.get(knowledge_base=kb)
-    assert fifth.document_chunk_count == 5 and "fulltext" in fifth.mode_models
+    assert fifth.document_chunk_count == 5
+    assert fifth.mode_models["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
     # 改写条目、分块数不变（换掉一块、写进一块）：不排
     changed = client_rw.put(item, {"content": "招标第2种情况的处理方法是邀请招标，至少邀请三家投标人。"}, format="json")
     assert changed.status_code == 200, changed.content

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from knowledge.management.options import knowledge_base_option
 from knowledge.models import KnowledgeBase
-from raglib.relevance import MIN_CHUNKS, MODE_MIN_CHUNKS, DropShare
+from raglib.relevance import MIN_CHUNKS, DropShare
 from search.relevance import DEFAULT_QUERIES, DROP_SHARES, relevance_fit
 
 
@@ -52,12 +52,9 @@ class Command(BaseCommand):
                               "| 召回率@0.5 | 无答案时第一名（均值 / ≥0.5 的比例） | 外来问题第一名（均值） |")
             self.stdout.write("|---|---|---|---|---|---|---|---|---|")
             for mode, v in profile.validation.items():
-                # 外来问题只有小库拟合时才用（search.relevance.FOREIGN_BELOW）
+                # 外来问题只有小库拟合时才用（raglib.relevance.SMALL_CHUNKS）
                 foreign = f"{v['foreign_top1_mean']:.3f}" if "foreign_top1_mean" in v else "—"
                 self.stdout.write(f"| {mode} | {v['drop_share_han']} / {v['drop_share_other']} | {v['queries']} | "
                                   f"{v['mrr_model']:.3f} | {v['mrr_original']:.3f} | "
                                   f"{v['precision']:.3f} | {v['recall']:.3f} | "
                                   f"{v['absent_top1_mean']:.3f} / {v['absent_top1_over_half']:.3f} | {foreign} |")
-            for mode, least in MODE_MIN_CHUNKS.items():
-                if profile.chunk_count < least:
-                    self.stdout.write(f"{mode}：可检索分块少于 {least} 个，这种方式不拟合，用全局校准参数")
