@@ -50,11 +50,11 @@ MODE_FEATURES: dict[str, tuple[str, ...]] = {
     # 是原文去字，字面重合多——在换了说法的真实问题上排序变差（docs/EVALUATION.md）；单调的校准不改名次，不会。
     "hybrid": ("calibrated",),
 }
-# 分块不到 SMALL_CHUNKS 个的库，全文方式也只在全局校准之上做单调的重新校准（一个特征：全局全文曲线的对数几率）。
+# 分块不到 MONOTONE_CHUNKS 个的库，全文方式也只在全局校准之上做单调的重新校准（一个特征：全局全文曲线的对数几率）。
 # 这么小的库里 BM25 的 IDF 失真：1 块的库里库里有的词 df = N，IDF 只有库里没有的词的五分之一，匹配程度（BM25 分 ÷
 # 可能的最高分）整体偏低，全局曲线给问的正是它的问题 0.01~0.16。名次在这样的库里本来就对（相关与不相关的分数差着
 # 一两个数量级），差的只是尺度；四个特征的模型在几十条伪查询上学出来的却是“伪查询那样几乎照抄原文才相关”
-# （召回率 0.03~0.24）。单调的校准只挪尺度，不改名次（docs/EVALUATION.md）
+# （1~4 块召回率 0.03~0.24，6~26 块 0.48~0.64）。单调的校准只挪尺度，不改名次（docs/EVALUATION.md）
 SMALL_MODE_FEATURES: dict[str, tuple[str, ...]] = {"fulltext": ("fulltext_calibrated",)}
 # 拟合做法的版本：1 = 权重符号受约束、同文档的分块算部分相关（search.relevance.SAME_DOCUMENT_CREDIT）；
 # 2 = 混合方式的伪查询在汉字句里去掉更多的字（search.relevance.DROP_SHARES）；
@@ -64,8 +64,8 @@ SMALL_MODE_FEATURES: dict[str, tuple[str, ...]] = {"fulltext": ("fulltext_calibr
 #     重新拟合一遍才有模型（别的库拟合出的模型与 4 相同，只是重算一次）；
 # 6 = 推广到占了库里至少一半分块的文档（search.relevance.DOMINANT_SHARE）：一份长文加几篇短文的库，出自长文的伪查询
 #     也按分块判（一篇文档的库与文档都不到一半的库拟合出的模型与 5 相同）；
-# 7 = 小库（SMALL_CHUNKS）也学全文方式：全局校准之上的单调校准（SMALL_MODE_FEATURES）。以前 1~4 块的库没有全文方式
-#     的模型，升级后重新拟合一遍才有（5 块起的库拟合出的模型与 6 相同）
+# 7 = 不到 MONOTONE_CHUNKS 块的库的全文方式是全局校准之上的单调校准（SMALL_MODE_FEATURES）。以前 1~4 块的库没有
+#     全文方式的模型，5~29 块的用四个特征的模型，升级后重新拟合一遍（30 块起的库拟合出的模型与 6 相同）
 MODEL_REVISION = 7
 
 # 至少要这么多个可检索分块才拟合。以前是 30，后来 5（向量与混合 3），再后来向量与混合 1、全文 5；现在三种方式都从
@@ -76,11 +76,11 @@ MODEL_REVISION = 7
 #   精确率 / 召回率 向量 0 / 0 → 1.00 / 0.94~0.97，混合 → 1.00 / 0.89~0.90（每句出 5 条伪查询，
 #   ``search.relevance.FOREIGN_VARIANTS``），别的话题的问题第一名均值 ≤ 0.166；没有外来问题时 1 块的库造不出反例，
 #   2 块的库学成“别的话题也有答案”（那个均值 0.26~0.29）；
-# - 全文方式在小库里只做单调的重新校准（:data:`SMALL_MODE_FEATURES`）：四个特征的模型 3 块时别的话题的问题第一名
-#   均值 0.38、4 块 0.19，加外来问题的 1~2 块的库召回率也只有 0.03~0.24
+# - 全文方式在小库里只做单调的重新校准（:data:`SMALL_MODE_FEATURES`、:data:`MONOTONE_CHUNKS`）：四个特征的模型
+#   3 块时别的话题的问题第一名均值 0.38、4 块 0.19，加外来问题的 1~2 块的库召回率也只有 0.03~0.24
 MIN_CHUNKS = 1
-# 分块不到这么多个的库是小库：拟合时另拿外来问题出反例（``search.relevance.foreign_share``），全文方式的模型只在
-# 全局校准之上做单调的重新校准（:data:`SMALL_MODE_FEATURES`）。5 块起的库有拿掉答案的变体出反例，不用外来问题
+# 分块不到这么多个的库是小库：拟合时另拿外来问题出反例（``search.relevance.foreign_share``）。5 块起的库有拿掉答案
+# 的变体出反例，不用外来问题
 SMALL_CHUNKS = 5
 # 写入越过这些分块数时立即拟合（:func:`fit_on_write`）
 FIT_POINTS = (MIN_CHUNKS, SMALL_CHUNKS)
@@ -91,11 +91,16 @@ FIT_POINTS = (MIN_CHUNKS, SMALL_CHUNKS)
 # （:func:`fit_on_write`）：小库句子少、伪查询少，拟合几秒钟；批量导入的库第一篇长文档就有几十块，要是那时就拟合，
 # 接下来十分钟都用一篇文档学出的模型打分（伪查询的候选全在同一篇里，往往一种方式也学不出），不如照旧交给定时任务
 PROVISIONAL_CHUNKS = 30
+# 分块不到这么多个的库，:data:`SMALL_MODE_FEATURES` 里的方式（全文）只做单调的重新校准。cmrc2018 抽出的 6~26 块的库上
+# 四个特征的模型 0.5 处召回率 0.48~0.64，单调校准 0.82~0.88，精确率都是 1.00、名次逐条相同、别的话题的问题第一名
+# 更低（docs/EVALUATION.md“30 块以下的库的全文方式”）；开发集那样上千块的库照旧用四个特征的模型。不能大于
+# PROVISIONAL_CHUNKS：库越过它时模型还是临时的，定时任务很快换成四个特征的模型
+MONOTONE_CHUNKS = PROVISIONAL_CHUNKS
 
 
 def fit_on_write(before: int, after: int) -> bool:
     """写入让知识库的分块从 ``before`` 个变成 ``after`` 个，是否该立即拟合（``documents.ingestion`` 按它入队）：
-    刚够拟合（:data:`MIN_CHUNKS`）或刚不算小库（:data:`SMALL_CHUNKS`：不再用外来问题，全文方式换成四个特征的模型），
+    刚够拟合（:data:`MIN_CHUNKS`）或刚不算小库（:data:`SMALL_CHUNKS`：不再用外来问题），
     而库还不到 :data:`PROVISIONAL_CHUNKS` 块。一个库一生只有一两次。"""
     return after < PROVISIONAL_CHUNKS and any(before < least <= after for least in FIT_POINTS)
 
@@ -226,21 +231,24 @@ class RelevanceModel:
                    tuple(float(v) for v in data.get("high", ())), int(data.get("revision", 0)))
 
 
-def mode_features(mode: str, *, small: bool = False) -> tuple[str, ...]:
-    """一种方式的模型用的特征：``small`` 是分块不到 :data:`SMALL_CHUNKS` 个的库（:data:`SMALL_MODE_FEATURES`）。"""
-    return SMALL_MODE_FEATURES.get(mode, MODE_FEATURES[mode]) if small else MODE_FEATURES[mode]
+def mode_features(mode: str, chunks: int | None = None) -> tuple[str, ...]:
+    """一种方式的模型用的特征：``chunks`` 是库的可检索分块数，不到 :data:`MONOTONE_CHUNKS` 个时用
+    :data:`SMALL_MODE_FEATURES` 里的（没给时按大库）。"""
+    if chunks is not None and chunks < MONOTONE_CHUNKS:
+        return SMALL_MODE_FEATURES.get(mode, MODE_FEATURES[mode])
+    return MODE_FEATURES[mode]
 
 
 def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[float],
-              sample_weights: Sequence[float] | None = None, *, small: bool = False) -> RelevanceModel | None:
-    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型（``sample_weights``：每个样本算几个）；特征先按训练集标准化
-    （常数特征的尺度记为 1）。
+              sample_weights: Sequence[float] | None = None, *, chunks: int | None = None) -> RelevanceModel | None:
+    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型（``sample_weights``：每个样本算几个；``chunks``：库的可检索
+    分块数，决定特征，见 :func:`mode_features`）；特征先按训练集标准化（常数特征的尺度记为 1）。
 
     权重的符号受约束（:data:`FEATURE_SIGNS`）：证据变强时概率不降。拟合出反向权重的特征去掉后重拟合，
     直到全部同向——反向的权重是模型借别的特征的组合去猜标签里特征之外的东西（例如“与出处同一篇文档”），
-    在真实问题上会把证据更弱的结果排到前面。单调的方式（:data:`MONOTONE_MODES`）一个特征都不剩时返回 None，
+    在真实问题上会把证据更弱的结果排到前面。单调的特征组（:data:`MONOTONE_FEATURES`）一个特征都不剩时返回 None，
     且不记取值范围（不截断）。"""
-    names = mode_features(mode, small=small)
+    names = mode_features(mode, chunks)
     x = np.array([[row[name] for name in names] for row in rows], dtype=float)
     y = np.array(labels, dtype=float)
     sample = None if sample_weights is None else np.array(sample_weights, dtype=float)

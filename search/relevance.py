@@ -7,8 +7,8 @@
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 没有可检索分块（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数。不到 ``SMALL_CHUNKS`` 块的小库另拿随包的
-  外来问题检索一遍，结果全当反例（:func:`foreign_share`），全文方式只做单调的重新校准
-  （``raglib.relevance.SMALL_MODE_FEATURES``）。
+  外来问题检索一遍，结果全当反例（:func:`foreign_share`）；不到 ``MONOTONE_CHUNKS`` 块的库全文方式只做单调的
+  重新校准（``raglib.relevance.SMALL_MODE_FEATURES``）。
 - 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够拟合（1 块）或刚不算小库（5 块）时立即排一次
   （``documents.ingestion.copy_chunks``、``raglib.relevance.fit_on_write``），定时任务每分钟再检查一次：还没有模型
   而分块已经够了、或模型的做法过时，下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）
@@ -296,7 +296,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
-        model = fit_model(mode, rows, labels, weights, small=small)
+        model = fit_model(mode, rows, labels, weights, chunks=len(chunks))
         if model is None:
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue
@@ -335,7 +335,8 @@ def document_chunks(only: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
 def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
     （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到
-    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：4 块的库拟合之后又来了一块，全文方式这才学得出）。
+    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：4 块的库拟合之后又来了一块就不再用外来问题，
+    长过 30 块全文方式换成四个特征的模型）。
     分块数是 :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。
 
     ``settled``：写入已经停了，要的是用全部分块学出的模型——分块数与拟合时有一点不同就拟合，不等（``manage.py

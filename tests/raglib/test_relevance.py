@@ -15,6 +15,9 @@ from raglib.relevance import (
     FEATURE_SIGNS,
     MODE_FEATURES,
     MODEL_REVISION,
+    MONOTONE_CHUNKS,
+    PROVISIONAL_CHUNKS,
+    SMALL_MODE_FEATURES,
     DropShare,
     Evidence,
     RelevanceModel,
@@ -22,6 +25,7 @@ from raglib.relevance import (
     candidate_features,
     fit_logistic,
     fit_model,
+    mode_features,
     pseudo_queries,
     reciprocal_rank,
     without,
@@ -199,6 +203,20 @@ def test_fitted_weights_never_point_against_their_evidence() -> None:
     weak = {"similarity": 0.8, "similarity_gap": -0.15, "similarity_lift": 0.05, "vector_rank": math.log1p(20)}
     stronger = {**weak, "vector_rank": math.log1p(2)}
     assert model.probability(stronger) >= model.probability(weak)
+
+
+def test_knowledge_bases_under_monotone_chunks_recalibrate_fulltext_only() -> None:
+    """不到 MONOTONE_CHUNKS 块的库，全文方式只用全局全文曲线的对数几率（单调的重新校准）；别的方式、大库、没给分块数
+    时用各自的特征。界线不超过 PROVISIONAL_CHUNKS：越过它时的模型还是临时的，很快按大库重新拟合。"""
+    assert MONOTONE_CHUNKS <= PROVISIONAL_CHUNKS
+    assert mode_features("fulltext", MONOTONE_CHUNKS - 1) == SMALL_MODE_FEATURES["fulltext"]
+    assert mode_features("fulltext", MONOTONE_CHUNKS) == mode_features("fulltext") == MODE_FEATURES["fulltext"]
+    assert all(mode_features(mode, 1) == MODE_FEATURES[mode] for mode in ("vector", "hybrid"))
+    rows = [{"fulltext_calibrated": v / 10} for v in range(-20, 20)]
+    labels = [float(v > 5) for v in range(-20, 20)]
+    model = fit_model("fulltext", rows, labels, chunks=3)
+    assert model is not None and model.features == SMALL_MODE_FEATURES["fulltext"] and model.weights[0] > 0
+    assert not model.low and not model.high
 
 
 @given(st.lists(st.booleans(), max_size=20))

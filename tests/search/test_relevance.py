@@ -22,11 +22,13 @@ from infra.principal import SYSTEM_PRINCIPAL
 from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_create, knowledge_base_delete
 from ops.tasks import RELEVANCE_SCHEDULE, RELEVANCE_TASK_FUNC
+from raglib import relevance as raglib_relevance
 from raglib.providers.embedding import clear_embedding_providers
 from raglib.relevance import (
     MIN_CHUNKS,
     MODE_FEATURES,
     MODEL_REVISION,
+    MONOTONE_CHUNKS,
     PROVISIONAL_CHUNKS,
     SMALL_CHUNKS,
     SMALL_MODE_FEATURES,
@@ -241,9 +243,11 @@ def test_foreign_questions_weigh_more_the_fewer_chunks_a_knowledge_base_has() ->
 
 @pytest.mark.django_db(transaction=True)
 def test_small_knowledge_bases_recalibrate_fulltext_without_reordering(client_rw: Any, kb_factory: Any,
-                                                                       fake_embedder: Any) -> None:
-    """不到 SMALL_CHUNKS 块的小库，全文方式的模型只在全局校准之上做单调的重新校准（SMALL_MODE_FEATURES）：
-    名次与全局校准逐条相同，只换分数的尺度；库长到 SMALL_CHUNKS 块后换成四个特征的模型。"""
+                                                                       fake_embedder: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """不到 MONOTONE_CHUNKS 块的库，全文方式的模型只在全局校准之上做单调的重新校准（SMALL_MODE_FEATURES）：
+    名次与全局校准逐条相同，只换分数的尺度；不再是小库（SMALL_CHUNKS）时也一样，库长到 MONOTONE_CHUNKS 块后
+    换成四个特征的模型。"""
     kb = kb_factory()
     ingest_one_chunk_topics(client_rw, kb, range(3))
     request = services.SearchRequest(query="月季第1种情况 处理方法", top_k=3, mode="fulltext", rerank=False)
@@ -259,14 +263,18 @@ def test_small_knowledge_bases_recalibrate_fulltext_without_reordering(client_rw
     assert [r.score for r in after] != [r.score for r in before]
     ingest_one_chunk_topics(client_rw, kb, [3, 4])
     grown = relevance_fit(kb=kb, queries=30)
-    assert grown is not None and grown.chunk_count == SMALL_CHUNKS
-    assert grown.mode_models["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
+    assert grown is not None and grown.chunk_count == SMALL_CHUNKS < MONOTONE_CHUNKS
+    assert grown.mode_models["fulltext"]["features"] == list(SMALL_MODE_FEATURES["fulltext"])
+    # 造 30 个分块太慢：把界线挪到 5 块，看换成四个特征的模型
+    monkeypatch.setattr(raglib_relevance, "MONOTONE_CHUNKS", SMALL_CHUNKS)
+    large = relevance_fit(kb=kb, queries=30)
+    assert large is not None and large.mode_models["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
 
 
 @pytest.mark.django_db(transaction=True)
 def test_provisional_models_are_refitted_without_waiting(client_rw: Any, kb_factory: Any, fake_embedder: Any) -> None:
     """拟合时不到 PROVISIONAL_CHUNKS 块的模型是临时的：库变了两成就重新拟合，不等 REFIT_INTERVAL（三块时是小库的
-    模型，到第五块换成大库的做法；库在批量导入时也不会十分钟都用三块学出的模型）；够了 PROVISIONAL_CHUNKS 块的
+    模型，到第五块不再用外来问题；库在批量导入时也不会十分钟都用三块学出的模型）；够了 PROVISIONAL_CHUNKS 块的
     照旧等。"""
     kb = kb_factory()
     ingest_one_chunk_topics(client_rw, kb, range(3))
@@ -277,8 +285,8 @@ def test_provisional_models_are_refitted_without_waiting(client_rw: Any, kb_fact
     assert relevance_refresh(only=kb.id) == [kb]
     ingest_one_chunk_topics(client_rw, kb, [4])
     assert relevance_refresh(only=kb.id) == [kb]
-    grown = RelevanceProfile.objects.get(knowledge_base=kb).mode_models
-    assert grown["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
+    grown = RelevanceProfile.objects.get(knowledge_base=kb).validation
+    assert "foreign_top1_mean" not in grown["vector"]
     assert relevance_refresh(only=kb.id) == []
     # 同一个库要是在 PROVISIONAL_CHUNKS 块时拟合的：变了两成也要等 REFIT_INTERVAL
     RelevanceProfile.objects.filter(knowledge_base=kb).update(document_chunk_count=PROVISIONAL_CHUNKS)
@@ -306,7 +314,7 @@ def test_writes_that_cross_a_fit_point_fit_at_once(client_rw: Any, kb_factory: A
     ingest_one_chunk_topics(client_rw, kb, [4])
     fifth = RelevanceProfile.objects.get(knowledge_base=kb)
     assert fifth.document_chunk_count == 5
-    assert fifth.mode_models["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
+    assert "foreign_top1_mean" in first.validation["vector"] and "foreign_top1_mean" not in fifth.validation["vector"]
     # 改写条目、分块数不变（换掉一块、写进一块）：不排
     changed = client_rw.put(item, {"content": "招标第2种情况的处理方法是邀请招标，至少邀请三家投标人。"}, format="json")
     assert changed.status_code == 200, changed.content
