@@ -336,7 +336,7 @@ def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> lis
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
     （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到
     :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：4 块的库拟合之后又来了一块就不再用外来问题，
-    长过 30 块全文方式换成四个特征的模型）。
+    到 100 块以上的库重新拟合时全文方式换成四个特征的模型）。
     分块数是 :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。
 
     ``settled``：写入已经停了，要的是用全部分块学出的模型——分块数与拟合时有一点不同就拟合，不等（``manage.py

@@ -16,7 +16,6 @@ from raglib.relevance import (
     MODE_FEATURES,
     MODEL_REVISION,
     MONOTONE_CHUNKS,
-    PROVISIONAL_CHUNKS,
     SMALL_MODE_FEATURES,
     DropShare,
     Evidence,
@@ -207,8 +206,7 @@ def test_fitted_weights_never_point_against_their_evidence() -> None:
 
 def test_knowledge_bases_under_monotone_chunks_recalibrate_fulltext_only() -> None:
     """不到 MONOTONE_CHUNKS 块的库，全文方式只用全局全文曲线的对数几率（单调的重新校准）；别的方式、大库、没给分块数
-    时用各自的特征。界线不超过 PROVISIONAL_CHUNKS：越过它时的模型还是临时的，很快按大库重新拟合。"""
-    assert MONOTONE_CHUNKS <= PROVISIONAL_CHUNKS
+    时用各自的特征。"""
     assert mode_features("fulltext", MONOTONE_CHUNKS - 1) == SMALL_MODE_FEATURES["fulltext"]
     assert mode_features("fulltext", MONOTONE_CHUNKS) == mode_features("fulltext") == MODE_FEATURES["fulltext"]
     assert all(mode_features(mode, 1) == MODE_FEATURES[mode] for mode in ("vector", "hybrid"))

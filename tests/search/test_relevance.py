@@ -265,7 +265,7 @@ def test_small_knowledge_bases_recalibrate_fulltext_without_reordering(client_rw
     grown = relevance_fit(kb=kb, queries=30)
     assert grown is not None and grown.chunk_count == SMALL_CHUNKS < MONOTONE_CHUNKS
     assert grown.mode_models["fulltext"]["features"] == list(SMALL_MODE_FEATURES["fulltext"])
-    # 造 30 个分块太慢：把界线挪到 5 块，看换成四个特征的模型
+    # 造 100 个分块太慢：把界线挪到 5 块，看换成四个特征的模型
     monkeypatch.setattr(raglib_relevance, "MONOTONE_CHUNKS", SMALL_CHUNKS)
     large = relevance_fit(kb=kb, queries=30)
     assert large is not None and large.mode_models["fulltext"]["features"] == list(MODE_FEATURES["fulltext"])
