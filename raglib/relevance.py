@@ -94,8 +94,10 @@ PROVISIONAL_CHUNKS = 30
 # 分块不到这么多个的库，:data:`SMALL_MODE_FEATURES` 里的方式（全文）只做单调的重新校准。cmrc2018 抽出的库上
 # 0.5 处召回率：6~26 块四个特征的模型 0.48~0.64、单调校准 0.82~0.88，45~97 块 0.64~0.82 → 0.80~0.86，精确率不变、
 # 名次逐条相同、别的话题的问题第一名更低；234~240 块起四个特征的模型更好（0.81 对 0.69~0.80，开发集 0.81~0.82
-# 对 0.65~0.77），见 docs/EVALUATION.md“100 块以下的库的全文方式”。库越过界线后照常在分块数变了两成时重新拟合，
-# 换成四个特征的模型
+# 对 0.65~0.77），见 docs/EVALUATION.md“100 块以下的汉字库的全文方式”。库越过界线后照常在分块数变了两成时重新拟合，
+# 换成四个特征的模型。只用于汉字库（``raglib.analysis.text_script`` 非空）：英文的库正相反——squad 两篇文档的库
+# （32、62 块）召回率 0.41 / 0.85 → 0.38 / 0.54，一篇一库（13~54 块）按分块判精确率 0.76 → 0.64——别的文字仍是
+# 不到 SMALL_CHUNKS 块才单调
 MONOTONE_CHUNKS = 100
 
 
@@ -232,24 +234,26 @@ class RelevanceModel:
                    tuple(float(v) for v in data.get("high", ())), int(data.get("revision", 0)))
 
 
-def mode_features(mode: str, chunks: int | None = None) -> tuple[str, ...]:
-    """一种方式的模型用的特征：``chunks`` 是库的可检索分块数，不到 :data:`MONOTONE_CHUNKS` 个时用
-    :data:`SMALL_MODE_FEATURES` 里的（没给时按大库）。"""
-    if chunks is not None and chunks < MONOTONE_CHUNKS:
+def mode_features(mode: str, chunks: int | None = None, script: str = "") -> tuple[str, ...]:
+    """一种方式的模型用的特征：``chunks`` 是库的可检索分块数，``script`` 是库的汉字写法
+    （``raglib.analysis.text_script``，汉字太少的库为空）。汉字库不到 :data:`MONOTONE_CHUNKS` 个、别的库不到
+    :data:`SMALL_CHUNKS` 个时用 :data:`SMALL_MODE_FEATURES` 里的（没给分块数时按大库）。"""
+    if chunks is not None and chunks < (MONOTONE_CHUNKS if script else SMALL_CHUNKS):
         return SMALL_MODE_FEATURES.get(mode, MODE_FEATURES[mode])
     return MODE_FEATURES[mode]
 
 
 def fit_model(mode: str, rows: Sequence[Mapping[str, float]], labels: Sequence[float],
-              sample_weights: Sequence[float] | None = None, *, chunks: int | None = None) -> RelevanceModel | None:
-    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型（``sample_weights``：每个样本算几个；``chunks``：库的可检索
-    分块数，决定特征，见 :func:`mode_features`）；特征先按训练集标准化（常数特征的尺度记为 1）。
+              sample_weights: Sequence[float] | None = None, *, chunks: int | None = None,
+              script: str = "") -> RelevanceModel | None:
+    """在 (特征, 相关程度 0~1) 上拟合一种方式的模型（``sample_weights``：每个样本算几个；``chunks``、``script``：
+    库的可检索分块数与汉字写法，决定特征，见 :func:`mode_features`）；特征先按训练集标准化（常数特征的尺度记为 1）。
 
     权重的符号受约束（:data:`FEATURE_SIGNS`）：证据变强时概率不降。拟合出反向权重的特征去掉后重拟合，
     直到全部同向——反向的权重是模型借别的特征的组合去猜标签里特征之外的东西（例如“与出处同一篇文档”），
     在真实问题上会把证据更弱的结果排到前面。单调的特征组（:data:`MONOTONE_FEATURES`）一个特征都不剩时返回 None，
     且不记取值范围（不截断）。"""
-    names = mode_features(mode, chunks)
+    names = mode_features(mode, chunks, script)
     x = np.array([[row[name] for name in names] for row in rows], dtype=float)
     y = np.array(labels, dtype=float)
     sample = None if sample_weights is None else np.array(sample_weights, dtype=float)

@@ -7,8 +7,8 @@
   混合方式的模型是全局校准之上的单调校准（见 ``raglib.relevance``），排序与全局校准相同，只换分数的尺度。
 - 固定 ``seed`` 时结果确定：同一批分块、同一个种子，造出同样的题、拟合出同样的模型。
 - 没有可检索分块（少于 ``MIN_CHUNKS``）的库不拟合，沿用全局校准参数。不到 ``SMALL_CHUNKS`` 块的小库另拿随包的
-  外来问题检索一遍，结果全当反例（:func:`foreign_share`）；不到 ``MONOTONE_CHUNKS`` 块的库全文方式只做单调的
-  重新校准（``raglib.relevance.SMALL_MODE_FEATURES``）。
+  外来问题检索一遍，结果全当反例（:func:`foreign_share`）；不到 ``MONOTONE_CHUNKS`` 块的汉字库全文方式只做单调的
+  重新校准（``raglib.relevance.SMALL_MODE_FEATURES``；别的文字的库只到 ``SMALL_CHUNKS``）。
 - 何时拟合（:func:`relevance_refresh`）：写入让还不到 30 块的库刚够拟合（1 块）或刚不算小库（5 块）时立即排一次
   （``documents.ingestion.copy_chunks``、``raglib.relevance.fit_on_write``），定时任务每分钟再检查一次：还没有模型
   而分块已经够了、或模型的做法过时，下一分钟就拟合；分块数比拟合时变了 ``REFIT_CHANGE`` 以上（大批摄取、删除之后）
@@ -276,6 +276,8 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     plans = {mode: _Batch(drop_shares.get(mode, DROP_SHARES[mode]), queries * QUERY_FACTORS[mode])
              for mode in MODE_FEATURES}
     small = len(chunks) < SMALL_CHUNKS
+    # 汉字写法：记在模型上（借模型时比写法），也决定全文方式单调校准到多少块（raglib.relevance.mode_features）
+    script = text_script(text for _, text in chunks)
     # 小库的句子少，每句出几条（FOREIGN_VARIANTS）；大库的句子够用，一句一条
     variants = FOREIGN_VARIANTS if small else 1
     # 比例与条数都相同的方式共用一批伪查询。每批各自留出两成：各批条数不同（混合方式的大三倍；去得多的那批里去完太短、
@@ -296,7 +298,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
         if not any(labels) or all(labels):
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="one class")
             continue
-        model = fit_model(mode, rows, labels, weights, chunks=len(chunks))
+        model = fit_model(mode, rows, labels, weights, chunks=len(chunks), script=script)
         if model is None:
             logger.warning("relevance_fit_skipped", knowledge_base_id=str(kb.id), mode=mode, reason="not monotone")
             continue
@@ -307,7 +309,7 @@ def relevance_fit(*, kb: KnowledgeBase, queries: int = DEFAULT_QUERIES, seed: in
     with transaction.atomic():
         profile, _ = RelevanceProfile.objects.update_or_create(knowledge_base=kb, defaults={
             "embedding_model": profiles.embedding_model_key(kb), "mode_models": mode_models,
-            "script": text_script(text for _, text in chunks), "chunk_count": len(chunks),
+            "script": script, "chunk_count": len(chunks),
             "document_chunk_count": document_chunks(kb.id).get(kb.id, 0), "revision": MODEL_REVISION,
             "queries": count, "seed": seed, "validation": validation,
         })
@@ -335,8 +337,7 @@ def document_chunks(only: uuid.UUID | None = None) -> dict[uuid.UUID, int]:
 def profiles_due(only: uuid.UUID | None = None, *, settled: bool = False) -> list[KnowledgeBase]:
     """需要（重新）拟合的启用知识库（``only`` 给出时只看这一个）：还没有模型、模型的特征或拟合做法已过时
     （升级之后），或分块数变化两成以上、且离上次拟合已过 ``REFIT_INTERVAL``（拟合时不到
-    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：4 块的库拟合之后又来了一块就不再用外来问题，
-    到 100 块以上的库重新拟合时全文方式换成四个特征的模型）。
+    :data:`raglib.relevance.PROVISIONAL_CHUNKS` 块的临时模型不等：4 块的库拟合之后又来了一块就不再用外来问题）。
     分块数是 :func:`document_chunks`，与拟合时记下的同一个和（``document_chunk_count``）相比。
 
     ``settled``：写入已经停了，要的是用全部分块学出的模型——分块数与拟合时有一点不同就拟合，不等（``manage.py

@@ -16,6 +16,7 @@ from raglib.relevance import (
     MODE_FEATURES,
     MODEL_REVISION,
     MONOTONE_CHUNKS,
+    SMALL_CHUNKS,
     SMALL_MODE_FEATURES,
     DropShare,
     Evidence,
@@ -205,11 +206,13 @@ def test_fitted_weights_never_point_against_their_evidence() -> None:
 
 
 def test_knowledge_bases_under_monotone_chunks_recalibrate_fulltext_only() -> None:
-    """不到 MONOTONE_CHUNKS 块的库，全文方式只用全局全文曲线的对数几率（单调的重新校准）；别的方式、大库、没给分块数
-    时用各自的特征。"""
-    assert mode_features("fulltext", MONOTONE_CHUNKS - 1) == SMALL_MODE_FEATURES["fulltext"]
-    assert mode_features("fulltext", MONOTONE_CHUNKS) == mode_features("fulltext") == MODE_FEATURES["fulltext"]
-    assert all(mode_features(mode, 1) == MODE_FEATURES[mode] for mode in ("vector", "hybrid"))
+    """不到 MONOTONE_CHUNKS 块的汉字库（别的文字的库不到 SMALL_CHUNKS 块），全文方式只用全局全文曲线的对数几率
+    （单调的重新校准）；别的方式、大库、没给分块数时用各自的特征。"""
+    small, large = SMALL_MODE_FEATURES["fulltext"], MODE_FEATURES["fulltext"]
+    assert mode_features("fulltext", MONOTONE_CHUNKS - 1, "hans") == mode_features("fulltext", 1, "hant") == small
+    assert mode_features("fulltext", MONOTONE_CHUNKS, "hans") == mode_features("fulltext") == large
+    assert mode_features("fulltext", SMALL_CHUNKS - 1) == small and mode_features("fulltext", SMALL_CHUNKS) == large
+    assert all(mode_features(mode, 1, "hans") == MODE_FEATURES[mode] for mode in ("vector", "hybrid"))
     rows = [{"fulltext_calibrated": v / 10} for v in range(-20, 20)]
     labels = [float(v > 5) for v in range(-20, 20)]
     model = fit_model("fulltext", rows, labels, chunks=3)
