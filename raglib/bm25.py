@@ -76,18 +76,27 @@ def max_score(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: i
     return sum(idf(dfs.get((t.lexeme, t.prefix), 0), n) * t.count for t in terms) * (k1 + 1)
 
 
+# 算覆盖率时库至少按这么多个分块算（:func:`coverage`）
+COVERAGE_MIN_CHUNKS = 100
+
+
 def coverage(terms: Sequence[QueryTerm], dfs: dict[tuple[str, bool], int], n: int) -> float:
     """查询的 IDF 质量里、知识库中真有的那部分所占比例（0~1）：全文这一路“听懂了”多少查询。
 
     没出现过的词按 df=0 的最大 IDF 计入分母。用另一种语言提问（英文问题查中文库）时，只有人名、数字等少数词
     能在库里找到，比例很低；用库里的语言提问时接近 1。融合按它调低全文一路的权重（见 raglib.fusion）。
+
+    IDF 按至少 :data:`COVERAGE_MIN_CHUNKS` 个分块的库算（多出来的分块当作不含这些词）：分块很少的库里，库里有的词
+    几乎每块都有，IDF 只有库里没有的词的几分之一——1 块的库里 df = N，IDF 0.29 对 1.39——问的正是这一块、只有一两个词
+    不在块里的问题，覆盖率也只有 0.2~0.5，闸门把全文一路整个关掉。
     """
     if n <= 0 or not terms:
         return 0.0
+    size = max(n, COVERAGE_MIN_CHUNKS)
     total = matched = 0.0
     for term in terms:
         df = dfs.get((term.lexeme, term.prefix), 0)
-        weight = idf(df, n) * term.count
+        weight = idf(df, size) * term.count
         total += weight
         matched += weight if df > 0 else 0.0
     return matched / total if total > 0 else 0.0

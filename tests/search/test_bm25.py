@@ -264,6 +264,23 @@ def test_coverage_function() -> None:
     assert raglib_bm25.coverage([], {}, 10) == 0.0
 
 
+def test_coverage_of_a_tiny_knowledge_base_counts_at_least_coverage_min_chunks() -> None:
+    """1 块的库里库里有的词 df = N，按库自己的 N 算 IDF 只有库里没有的词的五分之一：四个词里三个在块里，覆盖率也只有
+    0.38，闸门（0.3~0.6）几乎关掉全文一路。按至少 COVERAGE_MIN_CHUNKS 块算时是 0.70；够大的库照旧按自己的 N。"""
+    from raglib.analysis import QueryTerm
+
+    terms = [QueryTerm(word) for word in "abcd"]
+    present = {(word, False): 1 for word in "abc"}
+    tiny = raglib_bm25.coverage(terms, present, 1)
+    assert tiny == pytest.approx(raglib_bm25.coverage(terms, present, raglib_bm25.COVERAGE_MIN_CHUNKS))
+    assert tiny > 0.6
+    large = raglib_bm25.COVERAGE_MIN_CHUNKS * 3
+    common = {(word, False): large // 2 for word in "abc"}
+    present_weight = 3 * raglib_bm25.idf(large // 2, large)
+    weighted = present_weight / (present_weight + raglib_bm25.idf(0, large))
+    assert raglib_bm25.coverage(terms, common, large) == pytest.approx(weighted)
+
+
 # ---------------------------------------------------------------- 统计永远精确（hypothesis）
 
 Operation = tuple[str, int]
