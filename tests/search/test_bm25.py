@@ -30,7 +30,7 @@ from knowledge.models import KnowledgeBase
 from knowledge.services import knowledge_base_delete
 from raglib import analysis
 from raglib import bm25 as raglib_bm25
-from raglib.analysis import ParsedQuery
+from raglib.analysis import ParsedQuery, QueryTerm
 from raglib.postings import Postings, impacts
 from search import bm25, segments
 from search.chunk_terms import chunk_terms
@@ -170,8 +170,6 @@ def test_prefix_term_beyond_the_budget_is_read_in_part(medical: KnowledgeBase, s
 
 
 def _scored(df: int, lexeme: str, prefix: bool = False, idf: float = 1.0) -> raglib_bm25.ScoredTerm:
-    from raglib.analysis import QueryTerm
-
     return raglib_bm25.ScoredTerm(QueryTerm(lexeme, prefix=prefix), df, idf, idf)
 
 
@@ -254,8 +252,6 @@ def test_coverage_is_low_for_a_query_in_another_language(medical: KnowledgeBase)
 
 
 def test_coverage_function() -> None:
-    from raglib.analysis import QueryTerm
-
     terms = [QueryTerm("a"), QueryTerm("b", count=2)]
     assert raglib_bm25.coverage(terms, {("a", False): 5, ("b", False): 5}, 10) == pytest.approx(1.0)
     assert raglib_bm25.coverage(terms, {}, 10) == 0.0
@@ -267,8 +263,6 @@ def test_coverage_function() -> None:
 def test_coverage_of_a_tiny_knowledge_base_counts_at_least_coverage_min_chunks() -> None:
     """1 块的库里库里有的词 df = N，按库自己的 N 算 IDF 只有库里没有的词的五分之一：四个词里三个在块里，覆盖率也只有
     0.38，闸门（0.3~0.6）几乎关掉全文一路。按至少 COVERAGE_MIN_CHUNKS 块算时是 0.70；够大的库照旧按自己的 N。"""
-    from raglib.analysis import QueryTerm
-
     terms = [QueryTerm(word) for word in "abcd"]
     present = {(word, False): 1 for word in "abc"}
     tiny = raglib_bm25.coverage(terms, present, 1)
@@ -582,7 +576,7 @@ def test_trim_keeps_the_strongest_rows_of_each_truncated_term(seed: int) -> None
     postings = Postings(terms, docs, rng.integers(0, 4, n), rng.integers(0, 30, n), rng.integers(0, 256, n))
     reads = []
     for _ in range(slots):
-        term = raglib_bm25.ScoredTerm(analysis.QueryTerm("词"), int(rng.integers(1, 500)), 1.0, 1.0)
+        term = raglib_bm25.ScoredTerm(QueryTerm("词"), int(rng.integers(1, 500)), 1.0, 1.0)
         reads.append(raglib_bm25.TermRead(term, int(rng.integers(0, term.df + 1))))
     strength = impacts(postings.title_tf, postings.body_tf, postings.norms).astype(np.int64)
     keep = np.ones(n, dtype=bool)
