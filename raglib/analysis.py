@@ -469,6 +469,11 @@ class QueryTerm:
         """tsquery 里的写法：``'词'`` 或 ``'词':*``。"""
         return quote_lexeme(self.lexeme) + (":*" if self.prefix else "")
 
+    @property
+    def han(self) -> bool:
+        """汉字的词位（字二元、单字、jieba 的词）；否则是字母、数字的词。切词不把两者连成一个词位。"""
+        return _HAN_CHAR.match(self.lexeme) is not None
+
 
 @dataclass(frozen=True, slots=True)
 class ParsedQuery:

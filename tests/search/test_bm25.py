@@ -87,7 +87,8 @@ def _python_bm25(kb: KnowledgeBase, query: str) -> dict[int, float]:
         df = sum(term.lexeme in terms for terms, _ in chunks.values())
         if not df:
             continue
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        size = n if term.han else max(n, raglib_bm25.WORD_IDF_MIN_CHUNKS)  # 字母、数字的词在小库里按至少这么多块算
+        idf = math.log(1 + (size - df + 0.5) / (df + 0.5))
         for chunk_id, (terms, length) in chunks.items():
             tf = terms.get(term.lexeme, 0.0)
             if tf:
@@ -273,6 +274,27 @@ def test_coverage_of_a_tiny_knowledge_base_counts_at_least_coverage_min_chunks()
     present_weight = 3 * raglib_bm25.idf(large // 2, large)
     weighted = present_weight / (present_weight + raglib_bm25.idf(0, large))
     assert raglib_bm25.coverage(terms, common, large) == pytest.approx(weighted)
+
+
+def test_word_idf_of_a_tiny_knowledge_base_counts_at_least_word_idf_min_chunks() -> None:
+    """1 块的库里库里有的英文词 df = N，按库自己的 N 算 IDF 只有库里没有的词的五分之一，问的正是这一块的问题匹配程度
+    （分数 ÷ 可能的最高分）也很低：字母、数字的词按至少 WORD_IDF_MIN_CHUNKS 块算。汉字的词照旧按库自己的 N；
+    够大的库两种词都是 Lucene 的 IDF。"""
+    floor = raglib_bm25.WORD_IDF_MIN_CHUNKS
+    word, han = QueryTerm("scotland"), QueryTerm("苏格")
+    assert not word.han and han.han and QueryTerm("肝", prefix=True).han and not QueryTerm("1990").han
+    assert raglib_bm25.term_idf(word, 1, 1) == pytest.approx(raglib_bm25.idf(1, floor))
+    assert raglib_bm25.term_idf(word, 1, 1) > 0.6 * raglib_bm25.term_idf(word, 0, 1)  # 按 N = 1 算只有 0.2 倍
+    assert raglib_bm25.term_idf(han, 1, 1) == pytest.approx(raglib_bm25.idf(1, 1))
+    terms = [QueryTerm(w) for w in ("what", "did", "scotland", "export")]
+    present = {(w, False): 1 for w in ("did", "scotland", "export")}
+    scored = raglib_bm25.score_terms(terms, present, 1, raglib_bm25.Bm25Params(1.2, 0.75, 2.0))
+    best = raglib_bm25.max_score(terms, present, 1, 1.2)
+    assert sum(term.idf for term in scored) * 2.2 / best > 0.6  # 三个词全饱和时的匹配程度；按 N = 1 算是 0.38
+    assert raglib_bm25.max_score(terms, present, 1, 1.2) == pytest.approx(
+        raglib_bm25.max_score(terms, present, floor, 1.2))
+    for term in (word, han):
+        assert raglib_bm25.term_idf(term, 3, floor) == pytest.approx(math.log(1 + (floor - 3 + 0.5) / 3.5))
 
 
 # ---------------------------------------------------------------- 统计永远精确（hypothesis）
