@@ -445,12 +445,8 @@ ANN_KB_INDEX_MIN_CHUNKS = env_int(
 ANN_EF_SEARCH = env_int("RAG_ANN_EF_SEARCH", 200,
                         "走知识库自己的 HNSW 索引时 hnsw.ef_search 的下限（10 万块以内；库每大 10 倍多一倍）",
                         minimum=1, maximum=1000)
-# 半精度距离与 float32 几乎同序，召回由 ef_search 决定（同一 ef_search 下 2 倍与 4 倍召回相同）：100k 分块、融合深度 50
-# 时 2 倍的 ef_search 是 200 而不是 400，召回@50 0.999 对 1.000，向量阶段 p50 少 25%（bench/ann_oversample.py）
-ANN_OVERSAMPLE = env_int("RAG_ANN_OVERSAMPLE", 2,
-                         "halfvec 索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
 ANN_BINARY_OVERSAMPLE = env_int("RAG_ANN_BINARY_OVERSAMPLE", 10,
-                                "二值量化索引多取几倍候选，再用 float32 向量精确重排", minimum=1, maximum=50)
+                                "二值量化索引多取几倍候选，再用表里存的向量精确重排", minimum=1, maximum=50)
 ANN_BUILD_MEMORY_MB = env_int("RAG_ANN_BUILD_MEMORY_MB", 1024,
                               "建知识库 HNSW 索引时的 maintenance_work_mem（MB）；图放不进时建索引慢一个数量级",
                               minimum=64)

@@ -160,7 +160,7 @@ def test_ten_percent_knowledge_base_uses_its_own_index_with_full_recall(settings
 @pytest.mark.django_db(transaction=True)
 def test_kb_indexes_sync_builds_rebuilds_and_drops(settings: Any) -> None:
     """定时任务的完整生命周期（真实的 CREATE/DROP INDEX CONCURRENTLY）：越过阈值建索引，改压缩方式重建，
-    halfvec 与二值量化的结果经 float32 精确重排后与精确扫描一致，知识库删除后索引删掉。"""
+    halfvec 索引的距离就是堆里存的距离、二值量化的候选经精确重排，结果都与精确扫描一致，知识库删除后索引删掉。"""
     settings.EXACT_SEARCH_MAX_CHUNKS = 0
     settings.ANN_KB_INDEX_MIN_CHUNKS = 50
     rng = np.random.default_rng(3)
@@ -186,7 +186,7 @@ def test_kb_indexes_sync_builds_rebuilds_and_drops(settings: Any) -> None:
                 assert ann.kb_indexes_sync() == {"built": [str(kb.id)], "dropped": []}
             hits, method = vector_search(kb, query, filters, 15)
             assert method == ("kb_index" if compression == "none" else f"kb_index:{compression}")
-            # 重排用 float32 向量：压缩距离取到的候选里含精确的前 15 个时，结果与距离都与精确扫描相同
+            # halfvec 的索引距离与精确扫描同一个值；二值量化的候选里含精确的前 15 个时重排后相同
             if compression != "none":
                 assert hits == truth
         kb.status = KnowledgeBase.Status.DELETED
@@ -206,14 +206,19 @@ def test_ef_search_floor_grows_with_the_knowledge_base(settings: Any) -> None:
     assert ann.ef_search_floor(1_000_000) == 100
 
 
-def test_kb_index_statement_takes_the_larger_of_floor_and_twice_the_candidates(settings: Any) -> None:
-    settings.ANN_EF_SEARCH, settings.ANN_OVERSAMPLE = 200, 2
+def test_kb_index_statement_takes_the_larger_of_floor_and_four_times_the_limit(settings: Any) -> None:
+    settings.ANN_EF_SEARCH = 200
     kb = KnowledgeBase(id=uuid.uuid4(), name="ef", embedding_dimension=384)
     index = ann.KbIndex(name=ann.kb_index_name(kb.id), compression="halfvec", valid=True)
 
     def ef(limit: int, chunks: int) -> int:
         return ann.kb_index_statement(kb, index, "true", [], "[0]", limit, chunks)[2]
 
+    # 列存半精度：halfvec 索引的距离就是结果的距离，不再多取候选、重排；二值量化仍按汉明距离多取再重排
+    assert "WITH" not in ann.kb_index_statement(kb, index, "true", [], "[0]", 15, 100_000)[0]
+    binary = ann.KbIndex(name=index.name, compression="binary", valid=True, center="'[0]'")
+    assert "WITH candidates" in ann.kb_index_statement(kb, binary, "true", [], "[0]", 15, 100_000)[0]
+
     assert ef(15, 100_000) == 200  # 30 个候选：下限说了算
     assert ef(15, 1_000_000) == 400
-    assert ef(100, 100_000) == 400  # 200 个候选：两倍候选数说了算
+    assert ef(100, 100_000) == 400  # 四倍深度说了算：与以前多取 2 倍、ef_search 取候选两倍时相同
