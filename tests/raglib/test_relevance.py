@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -239,6 +240,15 @@ def test_text_script_and_conversion() -> None:
     assert text_script(["中华人民共和国成立于一九四九年，首都是北京。" * 20]) == "hans"
     assert text_script(["中華人民共和國成立於一九四九年，首都是北京。" * 20]) == "hant"
     assert text_script(["only English text here"] * 50) == "" and text_script(["北京"]) == ""
+
+    # 看够 5,000 个汉字就停，不再读后面的文本：没拟合过的大库每次重读画像时这一步有上限
+    read = []
+
+    def texts() -> Iterator[str]:
+        for i in range(10_000):
+            read.append(i)
+            yield "中華人民共和國成立於一九四九年，首都是北京。" * 10
+    assert text_script(texts()) == "hant" and len(read) == 25  # 每段 200 个汉字
     assert in_script("投標截止時間是什麼時候", "hans") == "投标截止时间是什么时候"
     assert in_script("投标截止时间是什么时候", "hant") == "投標截止時間是什麼時候"
     assert in_script("When is the deadline?", "hant") == "When is the deadline?"
