@@ -11,7 +11,7 @@
 1. 小知识库（≤ ``RAG_EXACT_SEARCH_MAX_CHUNKS``）精确扫描，召回 100%；
 2. 知识库有建好的（``indisvalid``）自己的索引：走它（ef_search 取 :func:`ef_search_floor` 与候选数两倍的较大者）。
    ``vector_compression`` 为 binary 时索引里存二值量化的向量，按汉明距离多取几倍候选（``RAG_ANN_BINARY_OVERSAMPLE``），
-   再用堆里存的向量精确重排；halfvec 与不压缩的索引给出的距离就是堆里存的向量的距离（列本身存半精度），直接取；
+   再用堆里存的向量精确重排；halfvec 索引给出的距离就是堆里存的向量的距离（列本身存半精度），与不压缩的索引一样直接取；
 3. 否则走共享索引的迭代扫描（``RAG_HNSW_EF_SEARCH``；自己的索引还没建好）。知识库里有不在共享索引里的分块时
    （下一段）这一步换成精确扫描（``search.retrieval.SearchPlan.exact``）。
 
