@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import platform
 import random
 import signal
 import socket
@@ -51,6 +50,7 @@ from django.core.management import call_command  # noqa: E402
 
 from bench.e2e_report import Profile, Sample, parse_server_timing, summarize  # noqa: E402
 from bench.fulltext_scale import _queries  # noqa: E402
+from bench.helpers.machine import describe  # noqa: E402
 from bench.scale_data import chunk_text, real_sentences  # noqa: E402
 from documents.models import Document, DocumentChunk  # noqa: E402
 from documents.services import document_upload  # noqa: E402
@@ -277,7 +277,7 @@ def main() -> None:
             knowledge_base_delete(principal=SYSTEM_PRINCIPAL, kb_id=kb.id)
 
     stages = list(dict.fromkeys(stage for summary in results.values() for stage in summary.stages))
-    print(f"\n## 结果（{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC，{platform.node()}，{os.cpu_count()} 核，"
+    print(f"\n## 结果（{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC，{describe()}，"
           f"1 分钟负载 {load_before:.1f} → {os.getloadavg()[0]:.1f}{'；带 py-spy 剖析' if args.profile else ''}）")
     print(f"知识库 {kb.name}：{chunks:,} 个分块；每种方式 {args.queries} 个查询（预热 {args.warmup}），top_k={TOP_K}，"
           f"不重排，并发 {args.concurrency}，gunicorn {args.workers} 个 worker\n")

@@ -156,6 +156,7 @@ from bench.fulltext_scale import (  # noqa: E402
     _vector,
     build_statistics,
 )
+from bench.helpers.machine import describe  # noqa: E402
 from documents.filters import SearchFilters  # noqa: E402
 from documents.ingestion import ann_placement  # noqa: E402
 from documents.models import Document, DocumentChunk  # noqa: E402
@@ -807,7 +808,7 @@ def main() -> None:
     rows = args.rows
     report: dict[str, Any] = {"engine": ENGINE, "rows": rows, "started": _utc_now(),
                               "load_start": _load(), "cpus": os.cpu_count(), "files": _engine_files()}
-    print(f"== {ENGINE}：{rows:,} 个分块，{args.queries} 个查询（负载 {_load()}）", flush=True)
+    print(f"== {ENGINE}：{rows:,} 个分块，{args.queries} 个查询（{describe()}；负载 {_load()}）", flush=True)
     if args.reuse:
         kb = KnowledgeBase.objects.get(name=KB_NAME)
     else:
