@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 __all__ = [
+    "HAN_CHARS",
     "MAX_POSITION",
     "ParsedQuery",
     "QueryTerm",
@@ -40,11 +41,13 @@ __all__ = [
     "chunk_titles",
     "document_terms",
     "document_tsvector",
+    "is_han",
     "normalize",
     "parse_query",
     "quote_lexeme",
     "tokenize",
     "warm_up",
+    "word_lexeme",
 ]
 
 # PostgreSQL 的限制：位置上限 16383（超出的位置被压到 16383）、每个词位最多 256 个位置、
@@ -59,10 +62,10 @@ MAX_QUERY_CHARS = 1000
 MAX_QUERY_LEXEMES = 64
 MAX_PHRASE_WORDS = 64
 
-# 汉字（含〇、扩展 A、兼容区与扩展 B 之后的平面）
-_HAN = "\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+# 汉字（含〇、扩展 A、兼容区与扩展 B 之后的平面），正则字符类的内容
+HAN_CHARS = "\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
 # 汉字串交给 jieba；其余字母/数字（任何文字）连成一个词，版本号、小数里的点保留（3.14、v2.0）
-_TOKEN_RE = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<word>[^\W_{_HAN}]+(?:(?<=\d)\.\d+)*)")
+_TOKEN_RE = re.compile(rf"(?P<han>[{HAN_CHARS}]+)|(?P<word>[^\W_{HAN_CHARS}]+(?:(?<=\d)\.\d+)*)")
 _LATIN_RE = re.compile(r"[a-zà-ɏ]+")
 
 # 中文停用词：虚词、代词、疑问词（查询多是“……是由谁开发的？”这样的自然问句）
@@ -208,7 +211,7 @@ def normalize(text: str) -> str:
 
 # ---------------------------------------------------------------- 繁简写法
 
-_HAN_CHAR = re.compile(f"[{_HAN}]")
+_HAN_CHAR = re.compile(f"[{HAN_CHARS}]")
 _s2t: Any = None
 # 一批文本里汉字不到这么多时不判断写法（英文库、数字为主的库）
 _SCRIPT_MIN_HAN = 200
@@ -313,7 +316,12 @@ _HAN_SPLITTERS: dict[str, Callable[[str], Sequence[Word]]] = {
 }
 
 
-def _other_lexeme(word: str) -> str | None:
+def is_han(lexeme: str) -> bool:
+    """汉字的词位（字二元、单字、jieba 的词）；否则是字母、数字的词。切词不把两者连成一个词位。"""
+    return _HAN_CHAR.match(lexeme) is not None
+
+
+def word_lexeme(word: str) -> str | None:
     """字母/数字串的词位：过长的丢弃，拉丁字母的词取词干，其余（数字、版本号、其他文字）原样。"""
     if len(word) > MAX_TOKEN_CHARS:
         return None
@@ -321,7 +329,7 @@ def _other_lexeme(word: str) -> str | None:
 
 
 def _other_word(word: str) -> Word | None:
-    lexeme = _other_lexeme(word)
+    lexeme = word_lexeme(word)
     if lexeme is None:
         return None
     return Word(lexeme, word in ENGLISH_STOPWORDS)  # 停用词表全是拉丁字母的词
@@ -355,7 +363,7 @@ def _document_lexemes(text: str, analyzer: Analyzer | str) -> tuple[list[str], l
     for match in _TOKEN_RE.finditer(normalize(text)):
         run = match.group("han")
         if run is None:
-            if (lexeme := _other_lexeme(match.group("word"))) is not None:
+            if (lexeme := word_lexeme(match.group("word"))) is not None:
                 lexemes.append(lexeme)
                 if starts is not None:
                     starts.append(True)
@@ -479,7 +487,7 @@ class QueryTerm:
     @property
     def han(self) -> bool:
         """汉字的词位（字二元、单字、jieba 的词）；否则是字母、数字的词。切词不把两者连成一个词位。"""
-        return _HAN_CHAR.match(self.lexeme) is not None
+        return is_han(self.lexeme)
 
 
 @dataclass(frozen=True, slots=True)

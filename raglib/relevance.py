@@ -71,8 +71,10 @@ SMALL_MODE_FEATURES: dict[str, tuple[str, ...]] = {"fulltext": ("fulltext_calibr
 #     （raglib.bm25.COVERAGE_MIN_CHUNKS），不到 100 块的库里闸门与覆盖率特征的取值变了。升级后重新拟合一遍
 #     （200 块起的库拟合出的模型与 7 相同）；
 # 9 = 字母、数字的词在不到 20 块的库里按至少 20 块算 BM25 的 IDF（raglib.bm25.WORD_IDF_MIN_CHUNKS）：这样的库里
-#     全文的分数与名次变了，升级后重新拟合一遍（20 块起的库拟合出的模型与 8 相同）
-MODEL_REVISION = 9
+#     全文的分数与名次变了，升级后重新拟合一遍（20 块起的库拟合出的模型与 8 相同）；
+# 10 = 混合方式的全局校准对数几率里加上查询词的邻近程度（raglib.proximity，只算不带汉字词的查询）：英文等库的混合
+#     模型要在新的对数几率上重新拟合，否则英文问题的分数整体偏高（汉字库拟合出的模型与 9 相同）
+MODEL_REVISION = 10
 
 # 至少要这么多个可检索分块才拟合。以前是 30，后来 5（向量与混合 3），再后来向量与混合 1、全文 5；现在三种方式都从
 # 1 块起：分块更少的库（一个新用户的前几份文档、一个 Agent 的小笔记库）用全局校准时，向量方式一条都到不了 0.5，
@@ -154,6 +156,8 @@ class Evidence:
     fulltext_rank: int | None
     # 在融合（RRF）顺序里的名次：让模型至少学得出 RRF 的排序，拟合出来的排序不会比它差太多
     fused_rank: int | None = None
+    # 查询词的邻近程度（raglib.proximity.sentence_share）：只有混合方式排在前面的候选有，其余为 None（按 0 计）
+    proximity: float | None = None
 
 
 def _log_rank(rank: int | None, depth: int) -> float:
@@ -169,7 +173,7 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
     ``gate`` 是全文一路的可信程度（覆盖率闸门，见 :func:`raglib.fusion.lexical_gate`）：两个匹配特征都乘上它。
     伪查询的覆盖率都很高（闸门为 1），模型没见过“查询的词在库里大多没有”的情形；另一种语言的问题只匹配上零星的
     数字、人名时，乘上闸门才不会把这种匹配当成证据。``calibration`` 给出时另算 ``calibrated``（混合方式的全局校准
-    对数几率，用的是乘过闸门的匹配程度）。
+    对数几率，用的是乘过闸门的匹配程度与邻近程度；邻近程度也是字面的证据）。
 
     ``path_similarities`` 是向量一路取回的全部相似度（不只是进了候选的）：第 :data:`LIFT_RANK` 名的参照从它们里取。
     只看候选时，top_k=1 的检索只有 3 个候选，参照成了第 3 名，同一条结果的分数随 top_k 变（英文问题问中文库，
@@ -183,6 +187,7 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
     for c in candidates:
         similarity = c.similarity if c.similarity is not None else 0.0
         match = c.match if c.match is not None else 0.0
+        proximity = c.proximity if c.proximity is not None else 0.0
         rows.append({
             "similarity": similarity,
             "similarity_gap": similarity - best_similarity,
@@ -196,9 +201,10 @@ def candidate_features(candidates: Sequence[Evidence], *, coverage: float, depth
             "coverage": coverage,
             "both": 1.0 if c.vector_rank is not None and c.fulltext_rank is not None else 0.0,
             "fused_rank": _log_rank(c.fused_rank, 2 * depth),
+            "proximity": proximity * gate,
         })
         if calibration is not None:
-            rows[-1]["calibrated"] = hybrid_logit(similarity, match * gate, calibration)
+            rows[-1]["calibrated"] = hybrid_logit(similarity, match * gate, calibration, proximity * gate)
             rows[-1]["fulltext_calibrated"] = fulltext_logit(match, calibration)
     return rows
 

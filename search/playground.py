@@ -107,6 +107,7 @@ FEATURE_LABELS = {
     "match": "全文匹配程度", "match_share": "匹配程度占最好一条的比例", "fulltext_rank": "全文名次（对数）",
     "coverage": "查询在库中的覆盖率", "both": "两路都找到", "fused_rank": "RRF 名次（对数）",
     "calibrated": "全局校准的对数几率（混合方式的模型在它上面校准）",
+    "proximity": "邻近程度（最集中的一句话装下的查询份额）",
 }
 
 

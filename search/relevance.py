@@ -45,7 +45,6 @@ from raglib.relevance import (
     PROVISIONAL_CHUNKS,
     SMALL_CHUNKS,
     DropShare,
-    Evidence,
     PseudoQuery,
     RelevanceModel,
     ambiguous,
@@ -213,8 +212,7 @@ def _collect(kb: KnowledgeBase, queries: Sequence[PseudoQuery], mode: services.M
         examples.queries.append((rows, labels))
         found = [label > 0 for label in labels]
         if index % ABSENT[mode].every == 0 and any(found) and not all(found):
-            evidence = [Evidence(r.vector_similarity, r.fulltext_unit, r.vector_rank, r.fulltext_rank, rank)
-                        for rank, r in enumerate(results, start=1)]
+            evidence = [r.relevance_evidence(rank) for rank, r in enumerate(results, start=1)]
             coverage = rows[0].get("coverage", 0.0)
             examples.absent.append(candidate_features(without(evidence, found), coverage=coverage,
                                                       depth=services.path_depth(FIT_TOP_K, mode),

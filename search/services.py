@@ -27,6 +27,7 @@ from infra.principal import Principal
 from knowledge.models import KnowledgeBase
 from knowledge.selectors import usable_knowledge_base
 from raglib import analysis
+from raglib.bm25 import term_idf
 from raglib.fusion import (
     Fused,
     collapse_by,
@@ -37,10 +38,13 @@ from raglib.fusion import (
     similarity_from_distance,
 )
 from raglib.providers.rerank import RerankUnavailable
+from raglib.proximity import sentence_share
 from raglib.relevance import LIFT_RANK, Evidence, candidate_features
 from raglib.retrieval_profile import FusionParameters, RetrievalProfile
 from raglib.scoring import (
+    Calibration,
     fulltext_score,
+    hybrid_logit,
     hybrid_score,
     match_ratio,
     vector_score,
@@ -98,8 +102,10 @@ class SearchResult:
     fulltext_score: float | None = None
     # 全文的匹配程度（0~1，跨查询可比，见 raglib.scoring.match_ratio）
     fulltext_unit: float | None = None
-    # 校准分数所用的证据（相似度, 匹配程度），都是这条结果自己的值（见 EVIDENCE-OWN）；评测据此拟合校准参数
-    evidence: tuple[float, float] | None = None
+    # 查询词的邻近程度（0~1，见 raglib.proximity）：混合方式排在前 PROXIMITY_DEPTH 名的候选才有
+    proximity: float | None = None
+    # 校准分数所用的证据（相似度, 匹配程度, 邻近程度），都是这条结果自己的值（见 EVIDENCE-OWN）；评测据此拟合校准参数
+    evidence: tuple[float, float, float] | None = None
     # 相关概率模型的特征（见 raglib.relevance.candidate_features）；调试页展示，拟合模型时收集
     features: dict[str, float] | None = None
     # 分数来自知识库学出的模型（True）还是全局校准参数（False）
@@ -108,6 +114,11 @@ class SearchResult:
     rerank_score: float | None = None
     parent_chunk_id: int | None = None
     parent_text: str | None = None
+
+    def relevance_evidence(self, fused_rank: int) -> Evidence:
+        """这条结果给相关概率模型的证据（:func:`raglib.relevance.candidate_features` 的输入）。"""
+        return Evidence(self.vector_similarity, self.fulltext_unit, self.vector_rank, self.fulltext_rank, fused_rank,
+                        self.proximity)
 
     @property
     def found_by(self) -> list[str]:
@@ -265,7 +276,7 @@ def _run(kb: KnowledgeBase, request: SearchRequest, outcome: SearchOutcome, cloc
             for f in fused
         ]
         _complete_evidence(kb, parsed, candidates, paths)
-        _score(kb, profile, candidates, paths, depth)
+        _score(kb, profile, parsed, candidates, paths, depth)
         # 融合决定候选集合，排序按每条结果自己的相关概率：分数随名次不增，而且不借用别的结果的分数
         candidates = [item for item, _ in order_by_scores(candidates, [c.score for c in candidates])]
 
@@ -366,8 +377,8 @@ def _complete_evidence(kb: KnowledgeBase, parsed: analysis.ParsedQuery, candidat
                 c.fulltext_score = scores.get(c.chunk.chunk_id, 0.0)
 
 
-def _score(kb: KnowledgeBase, profile: RetrievalProfile, candidates: list[SearchResult],
-           paths: dict[str, _PathResult], depth: int) -> None:
+def _score(kb: KnowledgeBase, profile: RetrievalProfile, parsed: analysis.ParsedQuery,
+           candidates: list[SearchResult], paths: dict[str, _PathResult], depth: int) -> None:
     """不重排时的 0~1 分数。知识库有学好的相关概率模型（``search.profiles``）时用它：每个候选的特征
     （:func:`raglib.relevance.candidate_features`）→ P(相关)；没有时用检索画像的全局校准（:func:`_calibrated_scores`）。
     特征总是算好挂在结果上：调试页展示它们，拟合模型也从这里收集。"""
@@ -376,11 +387,13 @@ def _score(kb: KnowledgeBase, profile: RetrievalProfile, candidates: list[Search
         if text is not None and candidate.fulltext_score is not None:
             candidate.fulltext_unit = match_ratio(candidate.fulltext_score, text.scale)
     coverage = text.coverage if text is not None and text.coverage is not None else 0.0
-    # 候选此时还是融合顺序，名次即 RRF 名次
-    evidence = [Evidence(c.vector_similarity, c.fulltext_unit, c.vector_rank, c.fulltext_rank, rank)
-                for rank, c in enumerate(candidates, start=1)]
+    gate = coverage_gate(coverage, profile.fusion)
     vector = paths.get("vector")
-    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=coverage_gate(coverage, profile.fusion),
+    if vector is not None and text is not None and text.statistics is not None:
+        _proximity(parsed, candidates, text.statistics, gate, profile.calibration)
+    # 候选此时还是融合顺序，名次即 RRF 名次
+    evidence = [c.relevance_evidence(rank) for rank, c in enumerate(candidates, start=1)]
+    rows = candidate_features(evidence, coverage=coverage, depth=depth, gate=gate,
                               calibration=profile.calibration,
                               path_similarities=[similarity_from_distance(hit.value) for hit in vector.hits]
                               if vector is not None else ())
@@ -396,6 +409,29 @@ def _score(kb: KnowledgeBase, profile: RetrievalProfile, candidates: list[Search
         assert candidate.features is not None
         candidate.score = model.probability(candidate.features)
         candidate.learned = True
+
+
+# 邻近程度只给按两路证据（全局校准的对数几率）排在前这么多名的候选算：一个 1,700 字符的分块约 0.1 ms，
+# 评测的 top_k=100 有 100 个候选。加分不为负，这些候选加分后仍排在其余候选之前，分数随名次不增；
+# 名数固定（不随 top_k），同一个查询的前几名不随 top_k 变
+PROXIMITY_DEPTH = 10
+
+
+def _proximity(parsed: analysis.ParsedQuery, candidates: list[SearchResult], statistics: Bm25Statistics,
+               gate: float, calibration: Calibration) -> None:
+    """混合方式：给排在前面的候选算查询词的邻近程度（:func:`raglib.proximity.sentence_share`），权重是 BM25 的 IDF。
+
+    全文一路没听懂查询（闸门为 0）时不算：字面的证据不作数。带汉字词的查询也不算：三个开发集上它只在英文的
+    squad 上有用（hit@1 +1.5 点），在中文的 cmrc2018、toyhom 上持平或略差（hit@1 低 0.1 点、nDCG@10 低 0.1~0.3 点）
+    ——中文问题换了说法，字二元零散地落在长句里，“同一句装下多少”分不出答案块（docs/EVALUATION.md“一句话装下多少查询”）。"""
+    if gate <= 0 or calibration.hybrid_proximity == 0 or not parsed.terms or any(t.han for t in parsed.terms):
+        return
+    weights = {term.lexeme: term_idf(term, statistics.dfs.get((term.lexeme, term.prefix), 0), statistics.n)
+               for term in parsed.terms}
+    ranked = sorted(candidates, key=lambda c: -hybrid_logit(c.vector_similarity or 0.0,
+                                                            (c.fulltext_unit or 0.0) * gate, calibration))
+    for candidate in ranked[:PROXIMITY_DEPTH]:
+        candidate.proximity = sentence_share(candidate.chunk.text, weights)
 
 
 def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathResult], coverage: float,
@@ -416,8 +452,9 @@ def _calibrated_scores(candidates: list[SearchResult], paths: dict[str, _PathRes
     # 否则英文库里恰好含一个数字、人名的分块会被排到向量一路找到的答案前面
     gate = coverage_gate(coverage, profile.fusion)
     for c in candidates:
-        c.evidence = (c.vector_similarity or 0.0, (c.fulltext_unit or 0.0) * gate)
-        c.score = hybrid_score(*c.evidence, calibration)
+        similarity, unit, proximity = c.evidence = (c.vector_similarity or 0.0, (c.fulltext_unit or 0.0) * gate,
+                                                    (c.proximity or 0.0) * gate)
+        c.score = hybrid_score(similarity, unit, calibration, proximity)
 
 
 def coverage_gate(coverage: float, fusion: FusionParameters) -> float:

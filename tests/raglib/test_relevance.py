@@ -6,6 +6,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -129,6 +130,8 @@ def test_candidate_features_are_relative_to_the_best_candidate() -> None:
     calibration = Calibration(0.8, 0.05, 0.5, 0.1, 10.0, 4.0, -9.0)
     rows = candidate_features([Evidence(0.9, 0.5, 1, 3, 1), Evidence(0.8, None, 2, None, 2)], coverage=0.7, depth=50,
                               calibration=calibration)
+    near = candidate_features([Evidence(0.9, 0.5, 1, 3, 1, proximity=0.5)], coverage=0.7, depth=50, gate=0.5,
+                              calibration=replace(calibration, hybrid_proximity=2.0))
     assert rows[0]["similarity_gap"] == 0.0 and rows[1]["similarity_gap"] == pytest.approx(-0.1)
     assert rows[1]["match"] == 0.0 and rows[1]["match_share"] == 0.0 and rows[0]["match_share"] == 1.0
     assert rows[1]["fulltext_rank"] == pytest.approx(math.log1p(51))  # 没进全文名单：按名单之后一名计
@@ -137,6 +140,9 @@ def test_candidate_features_are_relative_to_the_best_candidate() -> None:
     # 混合方式的特征是全局校准的对数几率（与 raglib.scoring.hybrid_score 同一个式子）
     assert rows[0]["calibrated"] == pytest.approx(10.0 * 0.9 + 4.0 * 0.5 - 9.0)
     assert rows[1]["calibrated"] == pytest.approx(10.0 * 0.8 - 9.0)
+    # 邻近程度是字面的证据：与匹配程度一样乘闸门，进入全局校准的对数几率
+    assert near[0]["proximity"] == 0.25
+    assert near[0]["calibrated"] == pytest.approx(10.0 * 0.9 + 4.0 * 0.25 + 2.0 * 0.25 - 9.0)
     # 只有两条候选：比“第 10 名”高出的相似度以最后一名为参照
     assert rows[0]["similarity_lift"] == pytest.approx(0.1) and rows[1]["similarity_lift"] == 0.0
 

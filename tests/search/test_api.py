@@ -268,12 +268,30 @@ def test_a_single_fulltext_hit_cannot_lift_vector_only_results(corpus: Knowledge
     results = outcome.results
     assert len(results) > 1 and sum(r.fulltext_rank is not None for r in results) == 1
     for result in results:
-        similarity, unit = result.evidence
-        assert result.score == pytest.approx(services.hybrid_score(similarity, unit, calibration))
+        similarity, unit, proximity = result.evidence
+        assert result.score == pytest.approx(services.hybrid_score(similarity, unit, calibration, proximity))
         if result.fulltext_rank is None:
-            assert unit == 0.0 and result.fulltext_score == 0.0
+            assert unit == 0.0 and proximity == 0.0 and result.fulltext_score == 0.0
             assert result.score <= 0.2
     assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+
+
+def test_hybrid_results_carry_how_much_of_the_query_one_sentence_holds(corpus: KnowledgeBase) -> None:
+    """混合方式的前几名带查询词的邻近程度（raglib.proximity），乘过闸门进入证据与特征；全文方式仍是纯 BM25，
+    向量方式只看相似度，两者都不算它。带汉字词的查询也不算（中文开发集上它没有用）。"""
+    query = "running pytest tests"
+    hybrid = services.search(corpus, services.SearchRequest(query=query, top_k=10, mode="hybrid", rerank=False))
+    notes = next(r for r in hybrid.results if "pytest" in r.chunk.text)
+    # 三个词都在“Running tests with pytest is simple.”这一句里
+    assert notes.proximity == 1.0 and notes.evidence is not None and notes.evidence[2] == 1.0
+    assert notes.features is not None and notes.features["proximity"] == 1.0
+    assert all(r.proximity == 0.0 for r in hybrid.results if r.fulltext_rank is None and r.proximity is not None)
+    for mode in ("fulltext", "vector"):
+        single = services.search(corpus, services.SearchRequest(query=query, top_k=10, mode=mode, rerank=False))
+        assert single.results and all(r.proximity is None for r in single.results)
+    chinese = services.search(corpus, services.SearchRequest(query="月季 春季 修剪", top_k=10, mode="hybrid",
+                                                             rerank=False))
+    assert chinese.results and all(r.proximity is None for r in chinese.results)
 
 
 def test_fulltext_only_candidates_get_their_own_cosine(corpus: KnowledgeBase) -> None:
