@@ -8,6 +8,10 @@
 只算查询词出现在哪一句，不为整个分块切词：逐词切词要给每个英文词取词干，一个 1,700 字符的分块约 1.3 ms，
 20 个候选就是 25 ms；这里每个查询词在归一化的原文上查一遍，只给可能是它的词取词干。
 
+“一句”与分块器的句子是同一个定义（:func:`raglib.chunking.sentences.sentence_spans`）：普通文本行之间的单个换行
+不是句末。PDF 转出的正文在句子中间每行都有一个硬换行，按换行断句时一“句”只是一行，问题的词总被拆开
+（docs/EVALUATION.md“硬换行的正文”）。
+
 纯函数，不碰数据库。
 """
 
@@ -18,9 +22,8 @@ import re
 from collections.abc import Mapping
 
 from raglib import analysis
+from raglib.chunking.sentences import sentence_spans
 
-# 句子的边界：中文的句末标点、分号，英文的句末标点后面跟空白或结尾（不把 3.14、e.g 里的点当句末），换行
-_SENTENCE_END = re.compile(r"[。！？；;!?]|\.(?=\s|$)|\n")
 # 词的边界：与 raglib.analysis 的切词一致——字母数字连成一个词，汉字与它们之间自然断开
 _WORD_CHAR = re.compile(rf"[^\W_{analysis.HAN_CHARS}]")
 _WORD_REST = re.compile(rf"[^\W_{analysis.HAN_CHARS}]*")
@@ -66,10 +69,11 @@ def sentence_share(text: str, weights: Mapping[str, float]) -> float:
     if total <= 0:
         return 0.0
     normalized = analysis.normalize(text)
-    ends = [m.start() for m in _SENTENCE_END.finditer(normalized)]
+    # 每个非空白字符恰好落在一句里：按句首定位
+    starts = [start for start, _ in sentence_spans(normalized)]
     found: dict[int, float] = {}
     for lexeme, weight in weights.items():
         # 同一句里出现几次只算一次
-        for sentence in {bisect.bisect_left(ends, position) for position in _positions(lexeme, normalized)}:
+        for sentence in {bisect.bisect_right(starts, position) for position in _positions(lexeme, normalized)}:
             found[sentence] = found.get(sentence, 0.0) + weight
     return max(found.values(), default=0.0) / total

@@ -39,3 +39,12 @@ def test_chinese_bigrams_sentences_and_weights() -> None:
 def test_traditional_text_is_normalised_like_the_index() -> None:
     """原文与查询一样先归一化（繁 → 简、全角 → 半角、小写）。"""
     assert sentence_share("長江流經ＳＨＡＮＧＨＡＩ。", _weights("长江流经 shanghai")) == 1.0
+
+
+def test_a_hard_line_break_inside_a_sentence_does_not_end_it() -> None:
+    """PDF 转出的正文每行硬换行：句子与分块器的同一个定义，单个换行不断句；空行、标题行照样断。"""
+    weights = _weights("Which river flows in Paris")
+    wrapped = "The Seine river flows\nthrough Paris from east to west."
+    assert sentence_share(wrapped, weights) == 1.0
+    assert sentence_share("The Seine river\n\nflows through Paris.", weights) == pytest.approx(2 / 3)
+    assert sentence_share("# The Seine river\nflows through Paris.", weights) == pytest.approx(2 / 3)
