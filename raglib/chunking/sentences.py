@@ -25,9 +25,10 @@ __all__ = ["clause_end_positions", "sentence_end_positions", "sentence_spans", "
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"
 _CLOSERS = "”\u2019」』）)\\]】》〉\"'"
 # 后面跟着的几乎总是同一句的缩写（不分大小写）：论文与百科里最常见的几种。etc.、Inc.、U.S.、单个字母的人名缩写
-# 常常就在句末，不在此列——把句末当成句中，比把句中当成句末代价大（两句并成一句，分块与邻近程度都看不出边界）
+# 常常就在句末，不在此列——把句末当成句中，比把句中当成句末代价大（两句并成一句，分块与邻近程度都看不出边界）；
+# Ms. 也不在：技术文档里“12 ms.”（毫秒）常在句末
 ABBREVIATIONS = ("e.g", "i.e", "et al", "cf", "vs", "fig", "figs", "eq", "eqs", "ref", "refs", "sec", "approx",
-                 "mr", "mrs", "ms", "dr", "prof", "st", "mt")
+                 "mr", "mrs", "dr", "prof", "st", "mt")
 _NOT_ABBREVIATION = "".join(rf"(?<!\b(?i:{re.escape(abbreviation)}))" for abbreviation in ABBREVIATIONS)
 # 开头的前瞻先排除不是标点的位置：每个字符都要试一遍，少试几个分支的代价是整个正则快一倍
 SENTENCE_END_RE = re.compile(

@@ -525,7 +525,7 @@ def test_split_sentences_examples() -> None:
 def test_common_abbreviations_do_not_end_a_sentence() -> None:
     """论文与百科里常见的缩写后面的点不是句末（不分大小写）；etc. 这类常在句末的缩写、词尾恰好是缩写的词照样断。"""
     text = ("Agents (e.g. GPT-4) help. Smith et al. (2020) showed it, see Fig. 3 and EQ. 2. "
-            "Dr. Who met Mr. X in St. Louis. It was the first. We list tables etc. Then stop.")
+            "Dr. Who met Mr. X in St. Louis. It was the first. We list tables etc. Then stop. It took 12 ms. Done.")
     assert split_sentences(text) == [
         "Agents (e.g. GPT-4) help.",
         "Smith et al. (2020) showed it, see Fig. 3 and EQ. 2.",
@@ -533,6 +533,8 @@ def test_common_abbreviations_do_not_end_a_sentence() -> None:
         "It was the first.",
         "We list tables etc.",
         "Then stop.",
+        "It took 12 ms.",
+        "Done.",
     ]
 
 
