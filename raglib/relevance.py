@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from raglib.chunking.sentences import split_sentences
 from raglib.scoring import Calibration, fulltext_logit, hybrid_logit
 
 # 牛顿法的 L2（作用在标准化后的特征上）：伪查询有几千个候选，这个量级只防完全可分时发散，不压制真实的权重
@@ -75,8 +76,10 @@ SMALL_MODE_FEATURES: dict[str, tuple[str, ...]] = {"fulltext": ("fulltext_calibr
 # 10 = 混合方式的全局校准对数几率里加上查询词的邻近程度（raglib.proximity，只算不带汉字词的查询）：英文等库的混合
 #     模型要在新的对数几率上重新拟合，否则英文问题的分数整体偏高（汉字库拟合出的模型与 9 相同）；
 # 11 = 邻近程度的“一句”换成分块器的句子（硬换行、e.g. 这类缩写不断句）：英文等库的混合模型重新拟合一遍
-#     （汉字库拟合出的模型与 10 相同）
-MODEL_REVISION = 11
+#     （汉字库拟合出的模型与 10 相同）；
+# 12 = 伪查询的“一句”也换成分块器的句子（_sentences）：硬换行的正文（PDF）以前出的是一行的片段，引号里的句末、
+#     e.g. 这类缩写也不再断句。每个库的伪查询都变了一些，全部重新拟合一遍
+MODEL_REVISION = 12
 
 # 至少要这么多个可检索分块才拟合。以前是 30，后来 5（向量与混合 3），再后来向量与混合 1、全文 5；现在三种方式都从
 # 1 块起：分块更少的库（一个新用户的前几份文档、一个 Agent 的小笔记库）用全局校准时，向量方式一条都到不了 0.5，
@@ -314,8 +317,6 @@ def foreign_questions() -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- 伪查询
 
-# 句子的边界：中文句末标点、换行，以及拉丁文字的句点/问号/感叹号后跟空白
-_SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|\n+|(?<=[.!?])\s+")
 _HAN = re.compile(r"[\u3400-\u9fff]")
 _MARKUP = re.compile(r"^[#>*\-\s|]+")
 _LETTER = re.compile(r"[^\W\d_]")
@@ -336,7 +337,8 @@ class PseudoQuery:
 
 
 def _sentences(text: str) -> list[str]:
-    return [_MARKUP.sub("", part).strip() for part in _SENTENCE_END.split(text) if part and part.strip()]
+    # 与分块器同一个句子定义：PDF 的硬换行不断句，否则伪查询只是一行的片段
+    return [sentence for part in split_sentences(text) if (sentence := _MARKUP.sub("", part).strip())]
 
 
 def _is_han(sentence: str) -> bool:

@@ -87,6 +87,19 @@ def test_pseudo_queries_skip_sentences_the_drop_leaves_unrecognisable() -> None:
     assert len(pseudo_queries(chunks, 10, seed=0, share=DropShare(han=0.0, other=0.0))) == 5
 
 
+def test_pseudo_queries_are_whole_sentences_across_hard_line_breaks() -> None:
+    """PDF 转出的正文每行硬换行：伪查询的“一句”与分块器同一个定义，不是一行的片段；空行与标题照样断句。"""
+    chunk = ("# Methods\nWe train the retrieval model on one million question and\n"
+             "passage pairs drawn from the web, e.g. forums and encyclopedias.\n\n"
+             "The evaluation uses three held out sets of long scientific papers.")
+    made = pseudo_queries([(0, chunk)], 10, seed=0, share=DropShare.both(0.0))
+    assert sorted(q.sentence for q in made) == [
+        "The evaluation uses three held out sets of long scientific papers.",
+        "We train the retrieval model on one million question and\n"
+        "passage pairs drawn from the web, e.g. forums and encyclopedias.",
+    ]
+
+
 def test_a_sentence_with_near_copies_in_other_articles_is_ambiguous() -> None:
     """别的文章里有几乎同一句（只差数字的鱼类条目、改了几个词的英文句）又不是原样：这条伪查询没有确定的答案。
     原样出现（转载的同一篇）与话题相近的句子都不算。"""
