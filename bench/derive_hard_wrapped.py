@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.helpers.beir import copy_files, rewrite_jsonl
 
 WIDTH = 80
 
@@ -54,17 +57,9 @@ def main(source: Path, target: Path, width: int) -> None:
                 in_passages[metadata["passage_id"]].append(
                     (answer["passage_start"], answer["passage_start"] + length))
     for name, key, protected in (("documents.jsonl", "doc_id", in_documents), ("corpus.jsonl", "_id", in_passages)):
-        if not (source / name).exists():
-            continue
-        with (source / name).open(encoding="utf-8") as src, (target / name).open("w", encoding="utf-8") as dst:
-            for line in src:
-                if line.strip():
-                    row = json.loads(line)
-                    row["text"] = wrap(row["text"], protected.get(row[key], []), width)
-                    dst.write(json.dumps(row, ensure_ascii=False) + "\n")
-    for name in ("queries.jsonl", "qrels.tsv", "qrels_doc.tsv"):
-        if (source / name).exists():
-            shutil.copyfile(source / name, target / name)
+        rewrite_jsonl(source, target, name, lambda row, key=key, protected=protected: {
+            **row, "text": wrap(row["text"], protected.get(row[key], []), width)})
+    copy_files(source, target, ("queries.jsonl", "qrels.tsv", "qrels_doc.tsv"))
     print(f"wrote {target}")
 
 

@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
+import sys
 from pathlib import Path
 
 import opencc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.helpers.beir import copy_files, rewrite_jsonl
 
 CONVERTER = opencc.OpenCC("s2twp")
 
@@ -33,18 +35,9 @@ def convert(value: object) -> object:
 def main(source: Path, target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for name in ("corpus.jsonl", "documents.jsonl", "queries.jsonl"):
-        if not (source / name).exists():
-            continue
-        with (source / name).open(encoding="utf-8") as src, (target / name).open("w", encoding="utf-8") as dst:
-            for line in src:
-                if line.strip():
-                    row = json.loads(line)
-                    row = {key: convert(value) if key in ("text", "title", "metadata") else value
-                           for key, value in row.items()}
-                    dst.write(json.dumps(row, ensure_ascii=False) + "\n")
-    for name in ("qrels.tsv", "qrels_doc.tsv"):
-        if (source / name).exists():
-            shutil.copyfile(source / name, target / name)
+        rewrite_jsonl(source, target, name, lambda row: {
+            key: convert(value) if key in ("text", "title", "metadata") else value for key, value in row.items()})
+    copy_files(source, target, ("qrels.tsv", "qrels_doc.tsv"))
     print(f"wrote {target}")
 
 
