@@ -56,9 +56,10 @@ def main(source: Path, target: Path, width: int) -> None:
             if answer.get("passage_start") is not None and metadata.get("passage_id"):
                 in_passages[metadata["passage_id"]].append(
                     (answer["passage_start"], answer["passage_start"] + length))
-    for name, key, protected in (("documents.jsonl", "doc_id", in_documents), ("corpus.jsonl", "_id", in_passages)):
-        rewrite_jsonl(source, target, name, lambda row, key=key, protected=protected: {
-            **row, "text": wrap(row["text"], protected.get(row[key], []), width)})
+    rewrite_jsonl(source, target, "documents.jsonl",
+                  lambda row: {**row, "text": wrap(row["text"], in_documents.get(row["doc_id"], []), width)})
+    rewrite_jsonl(source, target, "corpus.jsonl",
+                  lambda row: {**row, "text": wrap(row["text"], in_passages.get(row["_id"], []), width)})
     copy_files(source, target, ("queries.jsonl", "qrels.tsv", "qrels_doc.tsv"))
     print(f"wrote {target}")
 
