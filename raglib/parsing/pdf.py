@@ -1,5 +1,14 @@
 """PDF：pdfminer 逐页取文字层，每页一个片段（page 从 1 开始）；需要时用 pypdfium2 渲染后 OCR。
 
+文字层的折行按版面接回去：行尾离栏的右沿不到“下一行第一个词加一个空格”那么宽、下一行又不缩进，说明是排版软件
+放不下才折的行（软换行），不是作者的换行。中文在词中间折行，不接回去的话跨行的字 bigram 丢掉、短语与精确查询跨行
+就找不到，答案被换行劈开。两种版面：
+- 一个文字框（pdfminer 的 LTTextBox，一栏里行距紧的一片行）里的行（``_box_text``）；
+- 行距大的排版（标书、公文常用 1.5 倍行距、28 磅固定行距）里 pdfminer 让每一行自成一框：下一个框紧挨在下面
+  （空白不超过本页的行间空白）、左沿对齐、上一行是放不下才折的，就是同一段的下一行（``_continues``）。
+英文行末断词的连字符（“retriev-”“al”）按整篇文档的用词定夺（``_resolve_hyphens``）；两端对齐拉开的多个空格压成一个。
+作者的换行（短行：标题、列表项、段落的最后一行）照旧是换行，段落（文字框）之间照旧是空行。
+
 每页的 OCR 决策（文字层字符数不计空白与 ``(cid:N)`` 乱码）：
 - 文字层不足 ``MIN_PAGE_CHARS`` 且图片覆盖大半页（扫描件），或既没有文字层也没有图片（文字转曲线的页面）
   → 整页渲染 OCR；文字层里已有的少量文字若不在 OCR 结果里，放在 OCR 文字之前；空白页渲染后是纯色，不送识别；
@@ -19,13 +28,17 @@ from __future__ import annotations
 
 # pdfminer、pypdfium2 在函数里导入：它们较重，只有真正解析 PDF 的进程（解析沙箱子进程）才需要加载。
 import functools
+import itertools
 import re
+import statistics
+import unicodedata
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import structlog
@@ -51,7 +64,20 @@ MAX_IMAGES_PER_PAGE = 12
 RENDER_DPI = 200
 MAX_RENDER_SIDE = 3500
 
+# 文字框至少有这么多行高那么宽才按软换行接行：窄框（表格的一列、几行短字）的宽度就是它自己的最长行定的，
+# 分不出“放不下才折”与“本来就是一行一项”
+MIN_UNWRAP_BOX_LINE_HEIGHTS = 12.0
+
 _CID = re.compile(r"\(cid:\d+\)")
+_FIRST_WORD = re.compile(r"\S+")
+_SPACES = re.compile(r"(?<=\S) {2,}(?=\S)")
+# 行末断词：一个不带连字符的词 + 连字符结尾（“state-of-the-”是复合词，连字符保留）
+_BROKEN_WORD = re.compile(r"(?:^|[^\w-])[^\W\d_]+-$")
+# 行末“词-”接下一行小写开头的词：是断词（con-firming）还是复合词（chat-optimized）要看整篇文档的用词，
+# 接行时先用这个私用区字符占住连字符的位置，整篇解析完由 ``_resolve_hyphens`` 定夺
+_HYPHEN_MARK = "\ue000"
+_MARKED_WORD = re.compile(rf"([^\W\d_]+){_HYPHEN_MARK}([^\W\d_]+)")
+_WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 _WHITESPACE = re.compile(r"\s+")
 
 ENCRYPTED_MESSAGE = "The PDF is encrypted (password protected)"
@@ -185,21 +211,36 @@ class _PageContent:
 
 def _collect(layout: Any) -> _PageContent:
     """按 pdfminer TextConverter 的顺序拼出文字，同时收集有意义的图片区域。"""
-    from pdfminer.layout import LTContainer, LTImage, LTText, LTTextBox
+    from pdfminer.layout import LTContainer, LTImage, LTText, LTTextBox, LTTextBoxHorizontal
 
     parts: list[str] = []
     images: list[_Box] = []
     page_x0, page_y0, page_x1, page_y1 = layout.bbox
+    line_gap = _line_gap(layout)
+    # 上一个输出了文字的横排文字框：下一个框若只是同一段的下一行（行距大的排版里 pdfminer 让每行自成一框），接上去
+    previous: list[Any] = []
 
     def render(item: Any) -> None:
-        if isinstance(item, LTContainer):
+        if isinstance(item, LTTextBoxHorizontal):
+            text = _box_text(item)
+            if text and previous and parts[-1] == "\n" and _continues(previous[0], item, line_gap):
+                parts.pop()
+                parts[-1] = _join(parts[-1].rstrip("\n"), text)
+            elif text:
+                parts.append(text)
+            if text:
+                previous[:] = [item]
+        elif isinstance(item, LTContainer):
+            previous.clear()
             for child in item:
                 render(child)
         elif isinstance(item, LTText):
+            previous.clear()
             parts.append(item.get_text())
         if isinstance(item, LTTextBox):
             parts.append("\n")
         elif isinstance(item, LTImage):
+            previous.clear()
             x0, y0 = max(item.x0, page_x0), max(item.y0, page_y0)
             x1, y1 = min(item.x1, page_x1), min(item.y1, page_y1)
             src_w, src_h = (item.srcsize or (0, 0))
@@ -210,6 +251,121 @@ def _collect(layout: Any) -> _PageContent:
     render(layout)
     return _PageContent(text=tidy(_CID.sub("", "".join(parts))), images=_distinct(images),
                         width=page_x1 - page_x0, height=page_y1 - page_y0)
+
+
+def _text_lines(box: Any) -> list[tuple[Any, str]]:
+    """框里有字的行与各自的文字（去掉行尾空白；两端对齐拉开的词距在文字层里是几个空格，压成一个）。"""
+    lines = [(line, _SPACES.sub(" ", line.get_text().rstrip())) for line in box]
+    return [(line, raw) for line, raw in lines if raw.strip()]
+
+
+def _line_gap(layout: Any) -> float | None:
+    """这一页正文的行间空白（pt）：框内相邻两行、以及上下紧挨着的相邻两个框之间空白的中位数；没有时为 None。"""
+    from pdfminer.layout import LTTextBoxHorizontal
+
+    gaps: list[float] = []
+    previous: Any = None
+    for box in layout:
+        if not isinstance(box, LTTextBoxHorizontal):
+            continue
+        lines = [line for line, _ in _text_lines(box)]
+        gaps.extend(upper.y0 - lower.y1 for upper, lower in itertools.pairwise(lines))
+        if previous is not None and lines and previous.y0 >= lines[0].y1 - 0.5:
+            gaps.append(previous.y0 - lines[0].y1)
+        previous = lines[-1] if lines else previous
+    gaps = [gap for gap in gaps if gap >= 0]
+    return statistics.median_low(gaps) if gaps else None
+
+
+def _continues(upper: Any, lower: Any, line_gap: float | None) -> bool:
+    """下一个文字框 ``lower`` 是不是 ``upper`` 那一段的下一行：紧挨在下面（空白不超过本页的行间空白，
+    也不超过一个行高的 1.2 倍——再大就是段距），左沿不比上一框靠左，且上一行是放不下才折的（``_soft_break``，
+    它也排除缩进的新段落）。右沿取两框中靠右的那个：一行一框时，框的右沿就是那一行自己的行尾。"""
+    upper_lines, lower_lines = _text_lines(upper), _text_lines(lower)
+    if line_gap is None or not upper_lines or not lower_lines:
+        return False
+    (last, _), (first, raw) = upper_lines[-1], lower_lines[0]
+    gap = last.y0 - first.y1
+    if not -0.5 <= gap <= min(1.15 * line_gap + 0.5, 1.2 * max(last.height, first.height)):
+        return False
+    margin = statistics.median_low(line.x0 for line, _ in upper_lines)
+    if first.x0 < margin - 1.5 * first.width / max(len(raw), 1):
+        return False
+    column = SimpleNamespace(x0=min(upper.x0, lower.x0), x1=max(upper.x1, lower.x1),
+                             width=max(upper.x1, lower.x1) - min(upper.x0, lower.x0))
+    return _soft_break(last, first, column, margin, raw)
+
+
+def _wide(char: str) -> bool:
+    """全角的字（汉字、假名、谚文、全角标点）：它们之间的换行接回去时不加空格。"""
+    return unicodedata.east_asian_width(char) in ("W", "F")
+
+
+def _soft_break(line: Any, following: Any, box: Any, margin: float, following_raw: str) -> bool:
+    """``line`` 之后的换行是不是排版折行：行尾到框右沿放不下下一行的第一个词（加一个空格），且下一行不缩进——
+    比这个框多数行的左沿（``margin``）靠右，或者以空白（中文的全角空格）开头，都是新段落的首行；
+    列表的悬挂缩进里多数行本来就缩进，不算。"""
+    if box.width < MIN_UNWRAP_BOX_LINE_HEIGHTS * line.height:
+        return False
+    text = following_raw.strip()
+    char_width = following.width / max(len(following_raw.rstrip()), 1)
+    first = _FIRST_WORD.match(text)
+    word_chars = 1 if _wide(text[0]) else len(first.group(0)) if first else 1
+    fits = box.x1 - line.x1 >= (word_chars + 1) * char_width
+    indented = following_raw[0].isspace() or following.x0 - margin > 1.5 * char_width
+    return not fits and not indented
+
+
+def _join(left: str, right: str) -> str:
+    """接回一处软换行：全角字两边不加空格；行末连字符接住的词不加空格（软连字符去掉，可能是断词的先做记号，
+    见 ``_HYPHEN_MARK``）；其余加一个空格。"""
+    if left[-1] in "-\u00ad" and left[:-1][-1:].isalpha() and right[0].isalpha():
+        if left[-1] == "\u00ad":
+            return left[:-1] + right
+        broken = _BROKEN_WORD.search(left) is not None and right[0].islower()
+        return (left[:-1] + _HYPHEN_MARK if broken else left) + right
+    if _wide(left[-1]) or _wide(right[0]):
+        return left + right
+    return f"{left} {right}"
+
+
+def _resolve_hyphens(texts: list[str]) -> list[str]:
+    """定夺行末连字符（``_HYPHEN_MARK``）：整篇文档别处用过连写的词就连写，用过带连字符的写法、或者两半各自都是
+    文档里别处出现过的词（三个字母以上）就保留连字符，都没有时按断词连写——排版软件断词比复合词恰好落在行末常见得多。"""
+    if not any(_HYPHEN_MARK in text for text in texts):
+        return texts
+    words: dict[str, int] = {}
+    for text in texts:
+        for match in _WORD.finditer(_MARKED_WORD.sub(" ", text)):
+            word = match.group(0).lower()
+            words[word] = words.get(word, 0) + 1
+            if "-" in word:
+                for part in word.split("-"):
+                    words[part] = words.get(part, 0) + 1
+
+    def resolve(match: re.Match[str]) -> str:
+        left, right = match.group(1), match.group(2)
+        if (left + right).lower() in words:
+            return left + right
+        if (f"{left}-{right}".lower() in words
+                or (len(left) >= 3 and len(right) >= 3 and left.lower() in words and right.lower() in words)):
+            return f"{left}-{right}"
+        return left + right
+
+    return [_MARKED_WORD.sub(resolve, text) for text in texts]
+
+
+def _box_text(box: Any) -> str:
+    """一个文字框的文字：软换行接回去（见模块说明），作者的换行保留；与 ``get_text`` 一样以换行结尾。"""
+    lines = _text_lines(box)
+    if not lines:
+        return ""
+    margin = statistics.median_low(line.x0 for line, _ in lines)
+    out = lines[0][1].strip()
+    for (line, _), (following, raw) in itertools.pairwise(lines):
+        text = raw.strip()
+        out = _join(out, text) if _soft_break(line, following, box, margin, raw) else f"{out}\n{text}"
+    return out + "\n"
 
 
 def _distinct(boxes: list[_Box]) -> list[_Box]:
@@ -353,4 +509,5 @@ def parse_pdf(path: Path, session: OcrSession) -> list[Segment]:
     if budget.exceeded:
         # 超限的异常被 pdfminer 内部吞掉了（该流被当作空流）：照样按超限失败，不返回残缺的结果
         raise stream_too_large(budget.limit)
-    return segments
+    texts = _resolve_hyphens([segment.text for segment in segments])
+    return [replace(segment, text=text) for segment, text in zip(segments, texts, strict=True)]
