@@ -216,20 +216,23 @@ def _collect(layout: Any) -> _PageContent:
     parts: list[str] = []
     images: list[_Box] = []
     page_x0, page_y0, page_x1, page_y1 = layout.bbox
-    line_gap = _line_gap(layout)
+    # 每个横排文字框的行只取一次文字（get_text 逐字拼，按框算的几处都要用）
+    box_lines = {id(box): _text_lines(box) for box in layout if isinstance(box, LTTextBoxHorizontal)}
+    line_gap = _line_gap([box_lines[id(box)] for box in layout if id(box) in box_lines])
     # 上一个输出了文字的横排文字框：下一个框若只是同一段的下一行（行距大的排版里 pdfminer 让每行自成一框），接上去
-    previous: list[Any] = []
+    previous: list[tuple[Any, list[tuple[Any, str]]]] = []
 
     def render(item: Any) -> None:
         if isinstance(item, LTTextBoxHorizontal):
-            text = _box_text(item)
-            if text and previous and parts[-1] == "\n" and _continues(previous[0], item, line_gap):
+            lines = box_lines.get(id(item)) or _text_lines(item)
+            text = _box_text(item, lines)
+            if text and previous and parts[-1] == "\n" and _continues(*previous[0], item, lines, line_gap):
                 parts.pop()
                 parts[-1] = _join(parts[-1].rstrip("\n"), text)
             elif text:
                 parts.append(text)
             if text:
-                previous[:] = [item]
+                previous[:] = [(item, lines)]
         elif isinstance(item, LTContainer):
             previous.clear()
             for child in item:
@@ -259,16 +262,13 @@ def _text_lines(box: Any) -> list[tuple[Any, str]]:
     return [(line, raw) for line, raw in lines if raw.strip()]
 
 
-def _line_gap(layout: Any) -> float | None:
-    """这一页正文的行间空白（pt）：框内相邻两行、以及上下紧挨着的相邻两个框之间空白的中位数；没有时为 None。"""
-    from pdfminer.layout import LTTextBoxHorizontal
-
+def _line_gap(boxes: list[list[tuple[Any, str]]]) -> float | None:
+    """这一页正文的行间空白（pt）：框内相邻两行、以及上下紧挨着的相邻两个框之间空白的中位数；没有时为 None。
+    ``boxes`` 是页面上各个横排文字框的行（``_text_lines``），按版面顺序。"""
     gaps: list[float] = []
     previous: Any = None
-    for box in layout:
-        if not isinstance(box, LTTextBoxHorizontal):
-            continue
-        lines = [line for line, _ in _text_lines(box)]
+    for box in boxes:
+        lines = [line for line, _ in box]
         gaps.extend(upper.y0 - lower.y1 for upper, lower in itertools.pairwise(lines))
         if previous is not None and lines and previous.y0 >= lines[0].y1 - 0.5:
             gaps.append(previous.y0 - lines[0].y1)
@@ -277,11 +277,11 @@ def _line_gap(layout: Any) -> float | None:
     return statistics.median_low(gaps) if gaps else None
 
 
-def _continues(upper: Any, lower: Any, line_gap: float | None) -> bool:
+def _continues(upper: Any, upper_lines: list[tuple[Any, str]], lower: Any, lower_lines: list[tuple[Any, str]],
+               line_gap: float | None) -> bool:
     """下一个文字框 ``lower`` 是不是 ``upper`` 那一段的下一行：紧挨在下面（空白不超过本页的行间空白，
     也不超过一个行高的 1.2 倍——再大就是段距），左沿不比上一框靠左，且上一行是放不下才折的（``_soft_break``，
     它也排除缩进的新段落）。右沿取两框中靠右的那个：一行一框时，框的右沿就是那一行自己的行尾。"""
-    upper_lines, lower_lines = _text_lines(upper), _text_lines(lower)
     if line_gap is None or not upper_lines or not lower_lines:
         return False
     (last, _), (first, raw) = upper_lines[-1], lower_lines[0]
@@ -355,9 +355,8 @@ def _resolve_hyphens(texts: list[str]) -> list[str]:
     return [_MARKED_WORD.sub(resolve, text) for text in texts]
 
 
-def _box_text(box: Any) -> str:
+def _box_text(box: Any, lines: list[tuple[Any, str]]) -> str:
     """一个文字框的文字：软换行接回去（见模块说明），作者的换行保留；与 ``get_text`` 一样以换行结尾。"""
-    lines = _text_lines(box)
     if not lines:
         return ""
     margin = statistics.median_low(line.x0 for line, _ in lines)

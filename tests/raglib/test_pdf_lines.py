@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from raglib.parsing import parse_document
-from raglib.parsing.pdf import _box_text, _resolve_hyphens
+from raglib.parsing.pdf import _box_text, _resolve_hyphens, _text_lines
 from tests.sample_docs import cjk_font
 
 HEADING = "第一章 总则"
@@ -82,13 +82,17 @@ class _Box(list[SimpleNamespace]):
         self.width = self.x1 - self.x0
 
 
+def _text(box: _Box) -> str:
+    return _box_text(box, _text_lines(box))
+
+
 def test_hyphen_at_the_line_end_is_decided_by_the_rest_of_the_document() -> None:
     box = _Box(_line("Dense models and lexical indexes both need retriev-", 100, 400),
                _line("al evaluation; a conversation-", 100, 399),
                _line("centric design is state-of-the-", 100, 398),
                _line("art and its chat-", 100, 400),
                _line("optimized prompts are short.", 100, 260))
-    text = _box_text(box)
+    text = _text(box)
     # 别处写过“conversation-centric”、“optimized”和“chat”各自成词：保留连字符；retrieval 别处连写过：连写；
     # “state-of-the-”本身是复合词：连字符原样保留，不做记号
     resolved, = _resolve_hyphens([text + "\nconversation-centric retrieval; we chat about optimized chats."])
@@ -99,19 +103,19 @@ def test_hyphen_at_the_line_end_is_decided_by_the_rest_of_the_document() -> None
 
 def test_hyphen_without_evidence_is_taken_as_a_broken_word() -> None:
     box = _Box(_line("the design needs con-", 100, 400), _line("firming evidence.", 100, 200))
-    resolved, = _resolve_hyphens([_box_text(box)])
+    resolved, = _resolve_hyphens([_text(box)])
     assert resolved == "the design needs confirming evidence.\n"
 
 
 def test_a_line_that_ends_early_or_a_narrow_box_keeps_its_line_break() -> None:
     # 行尾离右沿放得下下一行的第一个词：作者的换行
     short = _Box(_line("Results", 100, 140), _line("The engine ranks every query by BM25 and vectors.", 100, 400))
-    assert _box_text(short) == "Results\nThe engine ranks every query by BM25 and vectors.\n"
+    assert _text(short) == "Results\nThe engine ranks every query by BM25 and vectors.\n"
     # 下一行比多数行缩进：新段落
     indented = _Box(_line("first paragraph ends exactly at the right margin here", 100, 400),
                     _line("Second paragraph starts indented and runs on", 130, 400),
                     _line("to the margin as well.", 100, 220))
-    assert _box_text(indented).splitlines()[0] == "first paragraph ends exactly at the right margin here"
+    assert _text(indented).splitlines()[0] == "first paragraph ends exactly at the right margin here"
     # 窄框（表格的一列）：宽度就是最长的那一行，分不出是不是折行
     narrow = _Box(_line("Name", 100, 130), _line("Address", 100, 150))
-    assert _box_text(narrow) == "Name\nAddress\n"
+    assert _text(narrow) == "Name\nAddress\n"
