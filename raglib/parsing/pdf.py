@@ -38,7 +38,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import structlog
@@ -291,9 +290,7 @@ def _continues(upper: Any, upper_lines: list[tuple[Any, str]], lower: Any, lower
     margin = statistics.median_low(line.x0 for line, _ in upper_lines)
     if first.x0 < margin - 1.5 * first.width / max(len(raw), 1):
         return False
-    column = SimpleNamespace(x0=min(upper.x0, lower.x0), x1=max(upper.x1, lower.x1),
-                             width=max(upper.x1, lower.x1) - min(upper.x0, lower.x0))
-    return _soft_break(last, first, column, margin, raw)
+    return _soft_break(last, first, min(upper.x0, lower.x0), max(upper.x1, lower.x1), margin, raw)
 
 
 def _wide(char: str) -> bool:
@@ -301,17 +298,17 @@ def _wide(char: str) -> bool:
     return unicodedata.east_asian_width(char) in ("W", "F")
 
 
-def _soft_break(line: Any, following: Any, box: Any, margin: float, following_raw: str) -> bool:
-    """``line`` 之后的换行是不是排版折行：行尾到框右沿放不下下一行的第一个词（加一个空格），且下一行不缩进——
-    比这个框多数行的左沿（``margin``）靠右，或者以空白（中文的全角空格）开头，都是新段落的首行；
-    列表的悬挂缩进里多数行本来就缩进，不算。"""
-    if box.width < MIN_UNWRAP_BOX_LINE_HEIGHTS * line.height:
+def _soft_break(line: Any, following: Any, left: float, right: float, margin: float, following_raw: str) -> bool:
+    """``line`` 之后的换行是不是排版折行：栏宽（``left`` 到 ``right``）不窄，行尾到右沿放不下下一行的第一个词
+    （加一个空格），且下一行不缩进——比这个框多数行的左沿（``margin``）靠右，或者以空白（中文的全角空格）开头，
+    都是新段落的首行；列表的悬挂缩进里多数行本来就缩进，不算。"""
+    if right - left < MIN_UNWRAP_BOX_LINE_HEIGHTS * line.height:
         return False
     text = following_raw.strip()
     char_width = following.width / max(len(following_raw.rstrip()), 1)
     first = _FIRST_WORD.match(text)
     word_chars = 1 if _wide(text[0]) else len(first.group(0)) if first else 1
-    fits = box.x1 - line.x1 >= (word_chars + 1) * char_width
+    fits = right - line.x1 >= (word_chars + 1) * char_width
     indented = following_raw[0].isspace() or following.x0 - margin > 1.5 * char_width
     return not fits and not indented
 
@@ -334,14 +331,12 @@ def _resolve_hyphens(texts: list[str]) -> list[str]:
     文档里别处出现过的词（三个字母以上）就保留连字符，都没有时按断词连写——排版软件断词比复合词恰好落在行末常见得多。"""
     if not any(_HYPHEN_MARK in text for text in texts):
         return texts
-    words: dict[str, int] = {}
+    words: set[str] = set()
     for text in texts:
         for match in _WORD.finditer(_MARKED_WORD.sub(" ", text)):
             word = match.group(0).lower()
-            words[word] = words.get(word, 0) + 1
-            if "-" in word:
-                for part in word.split("-"):
-                    words[part] = words.get(part, 0) + 1
+            words.add(word)
+            words.update(word.split("-"))
 
     def resolve(match: re.Match[str]) -> str:
         left, right = match.group(1), match.group(2)
@@ -363,7 +358,7 @@ def _box_text(box: Any, lines: list[tuple[Any, str]]) -> str:
     out = lines[0][1].strip()
     for (line, _), (following, raw) in itertools.pairwise(lines):
         text = raw.strip()
-        out = _join(out, text) if _soft_break(line, following, box, margin, raw) else f"{out}\n{text}"
+        out = _join(out, text) if _soft_break(line, following, box.x0, box.x1, margin, raw) else f"{out}\n{text}"
     return out + "\n"
 
 
